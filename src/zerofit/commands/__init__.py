@@ -1,0 +1,1 @@
+"""Subcommands: one module each, exposing register(subparsers)."""

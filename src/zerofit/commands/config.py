@@ -1,0 +1,6 @@
+"""STUB: `zerofit config` (to be replaced by its owner)."""
+
+
+def register(sub) -> None:
+    p = sub.add_parser("config", help="(not implemented yet)")
+    p.set_defaults(func=lambda args: print("not implemented") or 2)

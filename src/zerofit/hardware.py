@@ -1,0 +1,85 @@
+"""GPU catalog (memory, precisions, interconnect) and local GPU detection."""
+from __future__ import annotations
+
+import shutil
+import subprocess
+from dataclasses import dataclass
+
+from .errors import ZerofitError
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    key: str
+    name: str
+    memory_gib: float      # what torch.cuda.get_device_properties().total_memory reports, in GiB
+    bf16: bool
+    fp8: bool
+    interconnect: str      # typical intra-node link: "nvlink" or "pcie"
+    bf16_tflops: float     # dense peak, for throughput ranking only
+
+
+# Memory is the usable total the driver reports (nvidia-smi MiB / 1024), not the marketing GB:
+# an "80GB" H100 shows 81559 MiB = 79.6 GiB. Order matters for detection: specific names first.
+CATALOG: dict[str, GpuSpec] = {g.key: g for g in [
+    GpuSpec("B200", "NVIDIA B200 180GB", 178.4, True, True, "nvlink", 2250),
+    GpuSpec("H200", "NVIDIA H200 141GB", 139.8, True, True, "nvlink", 989),
+    GpuSpec("H100-NVL", "NVIDIA H100 NVL 94GB", 93.6, True, True, "nvlink", 835),
+    GpuSpec("H100-PCIE", "NVIDIA H100 PCIe 80GB", 79.6, True, True, "pcie", 756),
+    GpuSpec("H100-SXM", "NVIDIA H100 SXM 80GB", 79.6, True, True, "nvlink", 989),
+    GpuSpec("A100-80GB", "NVIDIA A100 80GB", 79.3, True, False, "nvlink", 312),
+    GpuSpec("A100-40GB", "NVIDIA A100 40GB", 39.4, True, False, "nvlink", 312),
+    GpuSpec("L40S", "NVIDIA L40S 48GB", 44.4, True, True, "pcie", 362),
+    GpuSpec("A6000", "NVIDIA RTX A6000 48GB", 47.4, True, False, "pcie", 155),
+    GpuSpec("A10", "NVIDIA A10 24GB", 22.0, True, False, "pcie", 125),
+    GpuSpec("L4", "NVIDIA L4 24GB", 22.0, True, True, "pcie", 121),
+    GpuSpec("RTX4090", "NVIDIA GeForce RTX 4090 24GB", 23.6, True, True, "pcie", 165),
+    GpuSpec("RTX3090", "NVIDIA GeForce RTX 3090 24GB", 23.6, True, False, "pcie", 71),
+    GpuSpec("V100-32GB", "NVIDIA V100 32GB", 31.7, False, False, "nvlink", 125),
+    GpuSpec("V100-16GB", "NVIDIA V100 16GB", 15.8, False, False, "nvlink", 125),
+    GpuSpec("T4", "NVIDIA T4 16GB", 14.6, False, False, "pcie", 65),
+]}
+
+ALIASES = {"H100": "H100-SXM", "H100-80GB": "H100-SXM", "A100": "A100-80GB", "V100": "V100-32GB",
+           "4090": "RTX4090", "3090": "RTX3090"}
+
+# nvidia-smi product names -> catalog key; more specific patterns first.
+_DETECT = [
+    (("b200",), "B200"), (("h200",), "H200"), (("h100", "nvl"), "H100-NVL"),
+    (("h100", "pcie"), "H100-PCIE"), (("h100",), "H100-SXM"), (("a100", "80"), "A100-80GB"),
+    (("a100",), "A100-40GB"), (("l40s",), "L40S"), (("a6000",), "A6000"), (("a10",), "A10"),
+    (("l4",), "L4"), (("4090",), "RTX4090"), (("3090",), "RTX3090"), (("v100", "32"), "V100-32GB"),
+    (("v100",), "V100-16GB"), (("t4",), "T4"),
+]
+
+
+def lookup(name: str) -> GpuSpec:
+    """Return the catalog entry for ``name`` (case-insensitive key or alias)."""
+    key = name.strip().upper().replace(" ", "-")
+    key = ALIASES.get(key, key)
+    for k, spec in CATALOG.items():
+        if k.upper() == key:
+            return spec
+    raise ZerofitError("gpu", f"unknown GPU {name!r}", "use one of " + ", ".join(CATALOG))
+
+
+def match_gpu_name(product: str) -> str | None:
+    """Map an nvidia-smi product name (e.g. 'NVIDIA H100 80GB HBM3') to a catalog key."""
+    low = product.lower()
+    for words, key in _DETECT:
+        if all(w in low for w in words):
+            return key
+    return None
+
+
+def detect_local_gpus() -> tuple[str | None, int]:
+    """Return (catalog key or None, GPU count) from nvidia-smi; (None, 0) without one."""
+    if not shutil.which("nvidia-smi"):
+        return None, 0
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None, 0
+    names = [n.strip() for n in out.splitlines() if n.strip()]
+    return (match_gpu_name(names[0]) if names else None), len(names)
