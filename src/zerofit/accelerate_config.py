@@ -1,0 +1,73 @@
+"""build_accelerate_config(plan) -> accelerate's YAML as a dict (ClusterConfig keys verbatim).
+
+Facts this follows (accelerate 1.15, read from its source and tried):
+
+* ``num_processes`` is the TOTAL across all machines (users often write per-node counts).
+* With ``deepspeed_config_file``, ``accelerate launch`` refuses a YAML that also sets
+  ``mixed_precision`` or DeepSpeed knobs such as ``zero_stage`` ("the following accelerate config
+  variables will be ignored"), so precision lives in the DeepSpeed JSON only.
+* ``deepspeed_config_file`` is opened by the training processes relative to their working
+  directory (where ``accelerate launch`` ran), not relative to the YAML file.
+* accelerate's default multi-node DeepSpeed launcher is pdsh (needs ssh + a hostfile); the
+  ``standard`` launcher is torchrun on every node, started by you or your scheduler.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+DS_CONFIG_FILE = "ds_config.json"
+
+
+def build_accelerate_config(plan, ds_config_file: str = DS_CONFIG_FILE, machine_rank: int = 0) -> dict[str, Any]:
+    """The accelerate config for ``plan`` on machine ``machine_rank``.
+
+    Args:
+        plan: a ``zerofit.plan.Plan``.
+        ds_config_file: path written into ``deepspeed_config_file`` (resolved from the launch directory).
+        machine_rank: this node's rank, 0 … num_nodes-1 (one file per node for multi-node).
+    """
+    answers = plan.answers
+    nodes = answers.num_nodes
+    cfg: dict[str, Any] = {"compute_environment": "LOCAL_MACHINE", "debug": False}
+    if plan.stage > 0:
+        cfg["distributed_type"] = "DEEPSPEED"
+        ds: dict[str, Any] = {"deepspeed_config_file": ds_config_file,
+                              # zero.Init partitions weights while from_pretrained loads them, so
+                              # no rank ever holds the full model (stage 3 only).
+                              "zero3_init_flag": plan.stage == 3}
+        if nodes > 1:
+            ds["deepspeed_multinode_launcher"] = "standard"
+        cfg["deepspeed_config"] = ds
+    else:
+        cfg["distributed_type"] = "MULTI_GPU" if plan.world_size > 1 else "NO"
+        cfg["mixed_precision"] = {"bf16": "bf16", "fp16": "fp16"}.get(plan.precision, "no")
+        if plan.world_size > 1:
+            cfg["gpu_ids"] = "all"
+    cfg["machine_rank"] = machine_rank
+    cfg["main_training_function"] = "main"
+    cfg["num_machines"] = nodes
+    cfg["num_processes"] = plan.world_size  # total across machines, not per node
+    if nodes > 1:
+        cfg["main_process_ip"] = answers.main_process_ip
+        cfg["main_process_port"] = answers.main_process_port
+        cfg["rdzv_backend"] = "static"  # honours machine_rank; every node gets its own file
+        cfg["same_network"] = True
+    cfg["use_cpu"] = False
+    return cfg
+
+
+def render_accelerate_config(plan, machine_rank: int = 0, ds_config_file: str = DS_CONFIG_FILE) -> str:
+    """accelerate.yaml text for ``machine_rank`` (stable key order, explanatory header)."""
+    import yaml
+
+    cfg = build_accelerate_config(plan, ds_config_file=ds_config_file, machine_rank=machine_rank)
+    nodes = plan.answers.num_nodes
+    header = [f"# accelerate config written by zerofit: {plan.world_size} processes in total "
+              f"({plan.answers.gpus_per_node} per node x {nodes} node{'s' if nodes > 1 else ''})."]
+    if plan.stage > 0:
+        header.append(f"# DeepSpeed settings (ZeRO-{plan.stage}, precision, batch sizes) live in "
+                      f"{ds_config_file}, opened relative to the directory you launch from.")
+    if nodes > 1:
+        header.append(f"# This file is for machine_rank {machine_rank}; run the same command on every node "
+                      "with that node's file.")
+    return "\n".join(header) + "\n" + yaml.safe_dump(cfg, sort_keys=False)

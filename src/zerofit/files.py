@@ -1,0 +1,67 @@
+"""write_files: the one place zerofit writes user files; atomic and never a half-written set."""
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+from .errors import ZerofitError
+
+
+def write_files(outdir, files: dict[str, str], force: bool = False) -> list[Path]:
+    """Write ``files`` ({name: text}) into ``outdir``; return the written paths.
+
+    Names may hold subdirectories. Every target is checked before anything is written: without ``force`` an existing file
+    aborts the whole set. Each file goes to a temporary file in the same directory first and is
+    moved into place with ``os.replace``, so a reader never sees a truncated file.
+    """
+    out = Path(outdir)
+    if out.exists() and not out.is_dir():
+        raise ZerofitError("--out", f"{out} exists and is not a directory", "give a directory path")
+    targets = [out / name for name in files]
+    for name in files:  # relative names only ("accelerate/zero2.yaml" is fine, "../x" is not)
+        parts = Path(name).parts
+        if not parts or Path(name).is_absolute() or ".." in parts:
+            raise ZerofitError("--out", f"bad file name {name!r}", "use a relative name inside the directory")
+    existing = [t for t in targets if t.exists()]
+    if existing and not force:
+        listed = ", ".join(str(t) for t in existing)
+        raise ZerofitError("--out", f"{listed} already exist{'s' if len(existing) == 1 else ''}",
+                           "pass --force to overwrite, or choose another --out directory")
+    for t in existing:
+        if t.is_dir():
+            raise ZerofitError("--out", f"{t} is a directory", "remove it or choose another --out directory")
+    try:
+        for target in targets:
+            target.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ZerofitError("--out", f"cannot create {out} ({exc.strerror})", "choose a writable directory") from None
+    # Stage every file first, then move them all into place: a failure while writing (disk full,
+    # permissions) leaves the directory exactly as it was.
+    staged: list[tuple[str, Path]] = []
+    try:
+        for target, text in zip(targets, files.values()):
+            staged.append((_write_temp(target, text), target))
+        for tmp, target in staged:
+            os.replace(tmp, target)
+    except BaseException:
+        for tmp, _ in staged:
+            Path(tmp).unlink(missing_ok=True)
+        raise
+    return targets
+
+
+def _write_temp(target: Path, text: str) -> str:
+    try:
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    except OSError as exc:
+        raise ZerofitError("--out", f"cannot write in {target.parent} ({exc.strerror})",
+                           "choose a writable directory") from None
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as fh:
+            fh.write(text)
+        os.chmod(tmp, 0o644)  # mkstemp makes 0600; configs are shared with launchers and other nodes
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return tmp

@@ -1,0 +1,65 @@
+"""write_files: atomic, refuses to overwrite without force, writes nothing when any target exists.
+
+    .venv/bin/python -m pytest tests/test_files.py -q
+"""
+from __future__ import annotations
+
+import os
+from unittest import mock
+
+import pytest
+
+from zerofit.errors import ZerofitError
+from zerofit.files import write_files
+
+
+def test_creates_directory_and_writes_all(tmp_path):
+    out = tmp_path / "a" / "b"
+    paths = write_files(out, {"x.json": "{}\n", "sub/y.yaml": "k: v\n"})
+    assert [p.name for p in paths] == ["x.json", "y.yaml"]
+    assert (out / "x.json").read_text() == "{}\n" and (out / "sub" / "y.yaml").read_text() == "k: v\n"
+    assert oct((out / "x.json").stat().st_mode & 0o777) == "0o644"
+    assert sorted(os.listdir(out)) == ["sub", "x.json"]  # no temp files left behind
+
+
+def test_refuses_existing_without_force_and_writes_nothing(tmp_path):
+    (tmp_path / "b.yaml").write_text("old")
+    with pytest.raises(ZerofitError) as err:
+        write_files(tmp_path, {"a.json": "new", "b.yaml": "new"})
+    assert err.value.field == "--out" and "--force" in err.value.fix
+    assert not (tmp_path / "a.json").exists() and (tmp_path / "b.yaml").read_text() == "old"
+
+
+def test_force_overwrites(tmp_path):
+    (tmp_path / "a.json").write_text("old")
+    write_files(tmp_path, {"a.json": "new"}, force=True)
+    assert (tmp_path / "a.json").read_text() == "new"
+
+
+def test_failure_midway_leaves_directory_untouched(tmp_path):
+    (tmp_path / "a.json").write_text("old")
+    real = os.replace
+    calls = []
+
+    def flaky(src, dst):
+        calls.append(dst)
+        if len(calls) == 1:
+            raise OSError(28, "No space left on device")
+        return real(src, dst)
+
+    with mock.patch("zerofit.files.os.replace", side_effect=flaky), pytest.raises(OSError):
+        write_files(tmp_path, {"a.json": "new", "b.json": "new"}, force=True)
+    assert (tmp_path / "a.json").read_text() == "old" and not (tmp_path / "b.json").exists()
+    assert sorted(os.listdir(tmp_path)) == ["a.json"]
+
+
+@pytest.mark.parametrize("name", ["../evil", "/abs/path", ""])
+def test_rejects_names_outside_the_directory(tmp_path, name):
+    with pytest.raises(ZerofitError):
+        write_files(tmp_path, {name: "x"})
+
+
+def test_out_is_a_file(tmp_path):
+    (tmp_path / "f").write_text("")
+    with pytest.raises(ZerofitError, match="not a directory"):
+        write_files(tmp_path / "f", {"a": "b"})
