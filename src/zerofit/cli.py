@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from . import __version__
@@ -51,6 +52,10 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("zerofit: aborted, nothing written", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # `zerofit plan | head`: the reader left; silence the flush at exit too.
+        sys.stdout = open(os.devnull, "w")
+        return 0
 
 
 if __name__ == "__main__":

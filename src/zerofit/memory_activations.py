@@ -1,0 +1,94 @@
+"""Activation and logits bytes of a Hugging Face decoder (Qwen2/Llama family) training step.
+
+Pure arithmetic derived from what autograd keeps alive in transformers' modeling code:
+each term below names the op that saves the tensor. ``a`` is the element size of the compute
+dtype (2 for bf16/fp16, 4 for fp32). All functions return bytes.
+"""
+from __future__ import annotations
+
+FP32 = 4
+
+
+def layer_bytes_per_token(model, a: int, attention: str = "sdpa") -> int:
+    """Bytes one decoder layer keeps for backward, per token (no checkpointing).
+
+    RMSNorm (x2): ``x.to(float32)`` is saved by ``pow``/``mul`` (4h) and the normalised
+    ``.to(dtype)`` copy by ``weight *`` (a*h); its output is saved by the next projections (a*h).
+    Attention (sdpa / flash): q, k, v after RoPE (saved by the kernel), the kernel output (its
+    memory is already (batch, seq, heads, dim), so ``transpose().contiguous()`` for ``o_proj``
+    is a view, not a copy) and the fp32 logsumexp.
+    GQA needs no ``repeat_kv`` copy because sdpa runs with ``enable_gqa`` when there is no mask.
+    Gated MLP: gate (saved by SiLU), SiLU out and up (both saved by ``*``), product (saved by
+    down_proj): 4 tensors of the intermediate width.
+    """
+    h, heads, kv, d = model.hidden_size, model.num_heads, model.num_kv_heads, model.head_dim
+    norms = 2 * (FP32 * h + a * h) + 2 * a * h                   # two RMSNorms + their outputs
+    if attention == "eager":
+        # matmul/softmax path: k and v are repeated to every head (saved by the two matmuls),
+        # only the contiguous output copy is saved; the s*s terms are in eager_scores_bytes.
+        attn = a * heads * d + 2 * a * heads * d + a * heads * d
+    else:
+        attn = a * (heads * d + 2 * kv * d) + a * heads * d + FP32 * heads
+    return norms + attn + mlp_bytes_per_token(model, a)
+
+
+def mlp_bytes_per_token(model, a: int) -> int:
+    """Saved MLP tensors per token; MoE counts only the routed (active) experts."""
+    if getattr(model, "num_experts", 0) and model.experts_per_token:
+        k, i = model.experts_per_token, model.moe_intermediate_size or model.intermediate_size
+        # router logits + softmax in fp32, and each token's copy gathered for each chosen expert
+        return FP32 * 2 * model.num_experts + k * (a * model.hidden_size + 4 * a * i)
+    return 4 * a * model.intermediate_size
+
+
+def eager_scores_bytes(model, a: int, micro_batch: int, seq_len: int) -> int:
+    """Eager attention's s*s tensors kept per layer: fp32 softmax output (saved by softmax)
+    and its cast to the compute dtype (saved by the probs @ v matmul)."""
+    return micro_batch * model.num_heads * seq_len * seq_len * (FP32 + a)
+
+
+def final_bytes_per_token(model, a: int) -> int:
+    """Final RMSNorm (fp32 input + normalised copy) and its output saved by lm_head."""
+    return FP32 * model.hidden_size + 2 * a * model.hidden_size
+
+
+def logits_peak_bytes_per_token(model, a: int) -> int:
+    """Most bytes the loss path holds per scored token.
+
+    ForCausalLMLoss upcasts logits with ``.float()`` and cross_entropy keeps the fp32
+    log_softmax output. Forward holds logits (a*V) + fp32 copy + log_softmax (4V each); the
+    start of backward holds the saved log_softmax, its incoming gradient and the gradient it
+    produces (3 x 4V), which is the larger for every dtype.
+    """
+    v = model.vocab_size
+    forward = a * v + (FP32 * v if a != FP32 else 0) + FP32 * v
+    backward = 3 * FP32 * v
+    return max(forward, backward)
+
+
+def stored_activation_bytes(model, a: int, tokens: int, micro_batch: int, seq_len: int,
+                            attention: str, checkpointing: bool) -> int:
+    """Bytes autograd holds at the end of the forward, excluding the logits/loss path."""
+    layers = model.num_layers
+    if checkpointing:
+        # non-reentrant checkpointing keeps only each layer's input hidden states
+        per_layer = a * model.hidden_size * tokens
+    else:
+        per_layer = layer_bytes_per_token(model, a, attention) * tokens
+        if attention == "eager":
+            per_layer += eager_scores_bytes(model, a, micro_batch, seq_len)
+    return layers * per_layer + final_bytes_per_token(model, a) * tokens
+
+
+def recompute_bytes(model, a: int, tokens: int, micro_batch: int, seq_len: int, attention: str) -> int:
+    """One layer recomputed in backward under checkpointing, plus its gradient temporaries
+    (grad of the hidden states in and out, and the widest MLP gradient)."""
+    one = layer_bytes_per_token(model, a, attention) * tokens
+    if attention == "eager":
+        one += eager_scores_bytes(model, a, micro_batch, seq_len)
+    return one + backward_temporaries_bytes(model, a, tokens)
+
+
+def backward_temporaries_bytes(model, a: int, tokens: int) -> int:
+    """Gradients in flight inside one layer's backward: hidden in/out plus two of intermediate width."""
+    return (2 * a * model.hidden_size + 2 * a * model.intermediate_size) * tokens

@@ -1,0 +1,151 @@
+"""Model-state bytes per GPU and per node (CPU) for DeepSpeed ZeRO 0-3, derived from DeepSpeed 0.19.
+
+Every term names the DeepSpeed buffer it stands for (``runtime/zero/stage_1_and_2.py``,
+``stage3.py``, ``partition_parameters.py``). ``b`` is the element size of the model dtype.
+"""
+from __future__ import annotations
+
+import math
+
+FP32 = 4
+ADAM_STATES = 2 * FP32   # torch AdamW exp_avg + exp_avg_sq, fp32, created lazily at the first step
+
+
+def zero_paper_model_states(params: int, stage: int, world: int, k: int = 12) -> float:
+    """Model-state bytes per GPU in the ZeRO paper's notation (Fig. 1): 2Ψ params, 2Ψ grads, KΨ
+    optimizer (fp32 master + Adam = 12). Stage 1 partitions K, stage 2 also grads, stage 3 all."""
+    p = params
+    if stage == 0:
+        return (2 + 2 + k) * p
+    if stage == 1:
+        return 2 * p + 2 * p + k * p / world
+    if stage == 2:
+        return 2 * p + (2 + k) * p / world
+    return (2 + 2 + k) * p / world
+
+
+def largest_param(model) -> int:
+    """Elements of the biggest single parameter (sizes DeepSpeed's per-param offload buffer)."""
+    h = model.hidden_size
+    sizes = [model.vocab_size * h, h * model.intermediate_size]
+    if getattr(model, "num_experts", 0):
+        # transformers 5 stores each MoE projection as one 3-D tensor over all experts
+        sizes.append(model.num_experts * 2 * (model.moe_intermediate_size or model.intermediate_size) * h)
+    return max(sizes)
+
+
+def embedding_params(model) -> int:
+    """Input embedding (+ untied lm_head) parameter count."""
+    return model.vocab_size * model.hidden_size * (1 if model.tie_embeddings else 2)
+
+
+def layer_params(model) -> int:
+    """Parameters of one decoder layer (all experts for MoE)."""
+    return max(0, (model.params - embedding_params(model)) // max(1, model.num_layers))
+
+
+def resident_states(model, s, b: int, buckets: dict) -> dict[str, int]:
+    """Bytes on each GPU that live through the whole step (from step 2 on, Adam states exist)."""
+    p, n = model.params, s.world_size
+    shard = p if s.stage == 0 else math.ceil(p / n)
+    out: dict[str, int] = {}
+    on_gpu_opt = s.offload_optimizer == "none"
+    if s.stage == 3:
+        out["params"] = 0 if s.offload_param != "none" else shard * b
+    else:
+        out["params"] = p * b                       # bit16_groups_flat: the full flat copy
+    if on_gpu_opt:
+        out["master_fp32"] = shard * FP32           # single_partition_of_fp32_groups
+        out["optimizer_states"] = shard * ADAM_STATES
+    if s.stage == 3 and on_gpu_opt:
+        out["gradients"] = shard * b                # grad_partitions_flat_buffer, allocated at init
+    elif s.stage in (1, 2) and s.grad_accum > 1 and on_gpu_opt:
+        # between micro steps ZeRO-1 keeps the full .grad tensors, ZeRO-2 its partition
+        out["gradients"] = p * b if s.stage == 1 else shard * b
+    elif s.stage == 0 and s.grad_accum > 1:
+        out["gradients"] = p * b
+    if s.stage == 3 and buckets.get("reduce_bucket_size"):
+        out["comm_buckets"] = int(buckets["reduce_bucket_size"]) * b   # ipg bucket, allocated at init
+    if s.stage in (1, 2) and not on_gpu_opt:
+        out["comm_buckets"] = largest_param(model) * b  # temp_grad_buffer_for_gpu_offload
+    return out
+
+
+def backward_buffers(model, s, b: int, buckets: dict) -> dict[str, int]:
+    """Gradient buffers alive while backward runs, on top of the resident states."""
+    p, n = model.params, s.world_size
+    out: dict[str, int] = {}
+    if s.stage in (1, 2):
+        bucket = int(buckets.get("reduce_bucket_size", 500_000_000))
+        # setup_buckets(): one ipg buffer, two with overlap_comm, allocated at the first grad hook
+        out["comm_buckets"] = (2 if s.overlap_comm else 1) * bucket * b
+        if s.offload_optimizer == "none" and p > bucket and s.grad_accum == 1:
+            # grads_in_partition is allocated when the first bucket is reduced
+            out["gradients"] = math.ceil(p / n) * b
+        if model.tie_embeddings:
+            # the tied embedding's grad from lm_head waits in autograd's buffer until the
+            # embedding backward at the very end
+            out["tied_embedding_grad"] = model.vocab_size * model.hidden_size * b
+    elif s.stage == 0:
+        out["gradients"] = p * b if s.grad_accum == 1 else 0   # .grad filled as backward goes
+        if n > 1:
+            out["comm_buckets"] = min(p, 500_000_000) * b       # buffered allreduce flattens a bucket
+    return out
+
+
+def step_buffers(model, s, b: int, buckets: dict) -> dict[str, int]:
+    """Transient bytes of ``optimizer.step()`` on the GPU, on top of the resident states.
+
+    Stage 1/2: the bit16 grad partition, its flattened copy and the fp32 copy
+    (``flat_grad_partition.to(fp32)``) coexist, then the fp32 grad plus torch AdamW's foreach
+    ``sqrt(exp_avg_sq)`` temporary; both are 8 bytes per owned parameter for bf16.
+    Stage 3 does the same per sub-group (``sub_group_size``). Offloaded optimizers step on CPU.
+    """
+    p, n = model.params, s.world_size
+    if s.offload_optimizer != "none":
+        return {}
+    if s.stage == 3:
+        sub = min(math.ceil(p / n), int(buckets.get("sub_group_size", 1_000_000_000)))
+        if b + FP32 > 2 * FP32:   # fp32 model: flatten copy + cast copy outweigh Adam's temporary
+            return {"fp32_grads": sub * (b + FP32)}
+        return {"fp32_grads": sub * FP32, "optimizer_step_temp": sub * FP32}
+    shard = p if s.stage == 0 else math.ceil(p / n)
+    # the averaged bit16 grads are still referenced until the fp32 copy exists
+    # (with accumulation they are already counted among the resident states)
+    held = {"gradients": shard * b} if s.grad_accum == 1 else {}
+    cast = shard * (b + FP32)                        # flattened bit16 copy + fp32 copy
+    adam = shard * (FP32 + FP32)                     # fp32 grad + foreach temporary
+    if cast >= adam:
+        return {**held, "fp32_grads": cast}
+    return {"fp32_grads": shard * FP32, "optimizer_step_temp": shard * FP32}
+
+
+def stage3_live_params(model, s, b: int, buckets: dict) -> int:
+    """Gathered (full) parameters resident during forward/backward under ZeRO-3 with N > 1:
+    the current module, the prefetch bucket and, at the loss, the lm_head matrix; bounded by
+    ``stage3_max_live_parameters``. With one rank DeepSpeed skips the gather (no extra bytes)."""
+    if s.stage != 3 or s.world_size == 1:
+        return 0
+    prefetch = int(buckets.get("stage3_prefetch_bucket_size", 50_000_000))
+    live = model.vocab_size * model.hidden_size + layer_params(model) + prefetch
+    live = min(live, int(buckets.get("stage3_max_live_parameters", 1_000_000_000)) + layer_params(model))
+    return min(live, model.params) * b
+
+
+def cpu_bytes_per_rank(model, s, b: int, buckets: dict) -> int:
+    """Host RAM one rank pins for offload (multiply by GPUs per node for the node)."""
+    p, n = model.params, s.world_size
+    shard = math.ceil(p / n)
+    total = 0
+    if s.offload_optimizer == "cpu":
+        # fp32 master + Adam states + fp32 grad partition, and (ZeRO-1/2) the bit16 staging copy
+        total += shard * (FP32 + ADAM_STATES + FP32)
+        total += shard * b   # ZeRO-1/2 bit16 staging buffer; ZeRO-3 pinned grad_partitions_flat_buffer
+    elif s.offload_optimizer == "nvme":
+        sub = min(shard, int(buckets.get("sub_group_size", 1_000_000_000)))
+        total += 2 * sub * (FP32 + ADAM_STATES + FP32)  # swap-in/out of one sub-group's states
+    if s.offload_param == "cpu":
+        total += shard * b
+    elif s.offload_param == "nvme":
+        total += 5 * 100_000_000 * b                 # aio buffer_count x buffer_size defaults
+    return total
