@@ -1,4 +1,4 @@
-"""Shared fixtures: free TCP ports, Plans built without the planner, tiny local model directories."""
+"""Shared fixtures: free TCP ports, Plans built directly from answers, tiny local model directories."""
 from __future__ import annotations
 
 import json
@@ -79,33 +79,3 @@ def tiny_model_dir(tmp_path) -> Path:
 
 def read_json(path: Path) -> dict:
     return json.loads(Path(path).read_text())
-
-
-def stand_in_plan(answers):
-    """The real planner when it exists; until then a Plan taking the answers' knobs (defaults filled)."""
-    from zerofit import plan as plan_module
-    real = getattr(plan_module, "_real_plan", plan_module.plan)
-    try:
-        return real(answers)
-    except NotImplementedError:
-        pass
-    from zerofit.answers import answers_to_dict
-    from zerofit.hardware import lookup
-    fields = answers_to_dict(answers)
-    precision = answers.precision or ("bf16" if lookup(answers.gpu).bf16 else "fp16")
-    micro = answers.micro_batch or 1
-    stage = 2 if answers.stage is None else answers.stage
-    accum = max(1, (answers.global_batch or micro * answers.world_size) // (micro * answers.world_size))
-    fields.update(stage=stage, micro_batch=micro, precision=precision,
-                  offload_optimizer=answers.offload_optimizer or ("none" if stage == 0 else None),
-                  offload_param=answers.offload_param if stage == 3 else None)
-    return build_plan(grad_accum=accum, **fields)
-
-
-@pytest.fixture
-def planner(monkeypatch):
-    """Make `zerofit.plan.plan` usable: the real planner, or stand_in_plan while it is a stub."""
-    from zerofit import plan as plan_module
-    monkeypatch.setattr(plan_module, "_real_plan", plan_module.plan, raising=False)
-    monkeypatch.setattr(plan_module, "plan", stand_in_plan)
-    return stand_in_plan

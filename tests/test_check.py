@@ -183,7 +183,7 @@ FLAG_POOL = ["--stage", "0", "1", "3", "7", "--offload-optimizer", "cpu", "nvme"
 
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.sampled_from(["config", "check"]), st.lists(st.sampled_from(FLAG_POOL), max_size=8), st.booleans())
-def test_fuzz_cli_flags_exit_cleanly(planner, tmp_path_factory, command, flags, with_file):
+def test_fuzz_cli_flags_exit_cleanly(tmp_path_factory, command, flags, with_file):
     d = tmp_path_factory.mktemp("cli")
     argv = [command]
     if command == "config":

@@ -15,7 +15,7 @@ ARGS = ["--model", "qwen2.5-0.5b", "--gpu", "A100-80GB", "--gpus-per-node", "4",
         "--micro-batch", "2", "--global-batch", "16"]
 
 
-def test_config_writes_three_files_and_prints_launch(planner, tmp_path, capsys):
+def test_config_writes_three_files_and_prints_launch(tmp_path, capsys):
     out = tmp_path / "out"
     assert main(["config", *ARGS, "--out", str(out)]) == 0
     text = capsys.readouterr().out
@@ -27,7 +27,7 @@ def test_config_writes_three_files_and_prints_launch(planner, tmp_path, capsys):
     assert f"accelerate launch --config_file {out / 'accelerate.yaml'} your_script.py" in text
 
 
-def test_answers_file_reproduces_identical_bytes(planner, tmp_path, capsys):
+def test_answers_file_reproduces_identical_bytes(tmp_path, capsys):
     first, second = tmp_path / "first", tmp_path / "second"
     assert main(["config", *ARGS, "--flavour", "auto", "--out", str(first)]) == 0
     # same --out name => same relative ds_config path; compare byte for byte
@@ -39,7 +39,7 @@ def test_answers_file_reproduces_identical_bytes(planner, tmp_path, capsys):
     assert strip(first / "accelerate.yaml") == strip(second / "accelerate.yaml")
 
 
-def test_config_refuses_overwrite_and_missing_answers(planner, tmp_path, capsys):
+def test_config_refuses_overwrite_and_missing_answers(tmp_path, capsys):
     out = tmp_path / "o"
     assert main(["config", *ARGS, "--out", str(out)]) == 0
     before = (out / "ds_config.json").read_bytes()
@@ -50,7 +50,7 @@ def test_config_refuses_overwrite_and_missing_answers(planner, tmp_path, capsys)
     assert "--defaults" in capsys.readouterr().err
 
 
-def test_config_json_output(planner, tmp_path, capsys):
+def test_config_json_output(tmp_path, capsys):
     assert main(["config", *ARGS, "--out", str(tmp_path / "j"), "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["plan"]["stage"] == 3 and data["plan"]["world_size"] == 4 and len(data["files"]) == 3
