@@ -2,12 +2,16 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+# Tests never reach a model hub: a hub-looking model name must fail fast offline, not hang on DNS.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 
 def find_free_port() -> int:

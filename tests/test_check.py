@@ -178,11 +178,14 @@ def _run_cli(argv):
 FLAG_POOL = ["--stage", "0", "1", "3", "7", "--offload-optimizer", "cpu", "nvme", "--offload-param", "--gpu", "V100",
              "H100", "nope", "--precision", "bf16", "fp16", "--micro-batch", "-2", "4", "--nodes", "2",
              "--gpus-per-node", "x", "--flavour", "auto", "--json", "--force", "--defaults", "--trainer",
-             "--nvme-path", "/nvme", "--global-batch", "--seq-len", "--answers", "missing.yaml", "--bogus", "--"]
+             "--nvme-path", "/nvme", "--global-batch", "--seq-len", "--answers", "missing.yaml", "--bogus", "--",
+             "--model", "qwen2.5-72b", "/no/such/dir", "--workload", "grpo", "dpo", "--num-generations", "3",
+             "--gradient-checkpointing", "--no-gradient-checkpointing", "--headroom", "1.5", "0.5"]
 
 
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(st.sampled_from(["config", "check"]), st.lists(st.sampled_from(FLAG_POOL), max_size=8), st.booleans())
+@given(st.sampled_from(["config", "check", "estimate", "plan"]), st.lists(st.sampled_from(FLAG_POOL), max_size=8),
+       st.booleans())
 def test_fuzz_cli_flags_exit_cleanly(tmp_path_factory, command, flags, with_file):
     d = tmp_path_factory.mktemp("cli")
     argv = [command]
