@@ -12,7 +12,8 @@ def _gib(x: float) -> str:
 
 def decide(chosen: Candidate, pool: list[Candidate], answers, gpu, budget: float, model_desc: str) -> list[Decision]:
     """One Decision per knob, each naming the numbers that made it."""
-    need = f"needs {_gib(chosen.need_gib)}/GPU of the {_gib(budget)} budget"
+    # need = predicted peak + CUDA context, the number compared with the budget (the tables show the peak).
+    need = f"needs {_gib(chosen.need_gib)}/GPU with the CUDA context, of the {_gib(budget)} budget"
     out = []
     if not chosen.fits:
         out.append(Decision("fits", False, f"nothing fits: the least memory is {chosen.label()} at "
@@ -26,7 +27,9 @@ def decide(chosen: Candidate, pool: list[Candidate], answers, gpu, budget: float
     if answers.stage is not None:
         out.append(Decision("stage", chosen.stage, f"stage {chosen.stage}: set by you; {model_desc} {need}"))
     else:
-        lower = [rival(stage=s, offload_optimizer="none", offload_param="none") for s in range(chosen.stage)]
+        # Compare like with like: the lower stage with the same checkpointing choice.
+        lower = [rival(stage=s, offload_optimizer="none", offload_param="none",
+                       gradient_checkpointing=chosen.gradient_checkpointing) for s in range(chosen.stage)]
         lower = [c for c in lower if c is not None]
         if chosen.stage == 0:
             why = f"stage 0 (plain data parallel): {model_desc} {need} without partitioning anything"
