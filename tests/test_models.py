@@ -286,3 +286,10 @@ def test_import_stays_light():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=Path(__file__).resolve().parents[1])
     assert out.stdout.strip() == "[]"
+
+
+def test_typo_of_builtin_fails_fast_without_hub(monkeypatch):
+    # A near-miss of a built-in name must never reach the hub client (5 network retries online).
+    monkeypatch.setattr("zerofit.models._download_config", lambda ref: pytest.fail("hub contacted"))
+    with pytest.raises(ZerofitError, match="did you mean qwen2.5-7b"):
+        resolve_model("qwen2.5-77b")

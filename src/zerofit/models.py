@@ -256,6 +256,10 @@ def resolve_model(ref: str) -> ModelSpec:
     elif not path.is_file():
         if ref.startswith(("/", ".", "~")) or ref.endswith(".json") or ref.count("/") > 1:
             raise ZerofitError("model", f"no such file or directory: {ref}", _suggest(ref))
+        # An org-less name this close to a built-in is a typo, not a legacy hub id: answer at once
+        # instead of spending the hub client's retries on a name that does not exist.
+        if "/" not in ref and difflib.get_close_matches(key, list(BUILTIN_MODELS), n=1, cutoff=0.8):
+            raise ZerofitError("model", f"{ref!r} is not a built-in model", _suggest(ref))
         return spec_from_config(_read_json(_download_config(ref)), ref, f"config.json of {ref}")
     return spec_from_config(_read_json(path), ref, str(path))
 
