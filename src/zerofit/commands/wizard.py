@@ -125,28 +125,30 @@ def finish(answers, out: Path, force: bool, console, show: bool = False) -> int:
 
 
 def render_launch_lines(plan, out: Path, script: str = SCRIPT) -> list[str]:
-    """What to run on each node: one accelerate command per machine_rank, or the launcher's form."""
+    """What to run on each node: one accelerate command per machine_rank, or the launcher's form.
+
+    accelerate.yaml already holds the node count, main address/port and launcher, and a flag given
+    on the command line overrides the file, so node R only adds ``--machine_rank R``.
+    """
     cfg = str(out / "accelerate.yaml")
     a = plan.answers
     if a.num_nodes == 1:
         return ["Run it:", f"  accelerate launch --config_file {cfg} {script}"]
-    from ..accelerate_config import build_accelerate_config
-    from ..launch import build_accelerate_cmd, build_spec, build_torchrun_cmd
-    from ..launch_render import quote_cmd
-
-    config = build_accelerate_config(plan, ds_config_file=str(out / "ds_config.json"))
-    style = a.launcher if a.launcher in ("accelerate", "torchrun") else "accelerate"
-    spec, _ = build_spec([config], (cfg,), style=style, script=script)
     if a.launcher == "torchrun":
-        env = " ".join(f"{k}={v}" for k, v in spec.accelerate_env)
-        lines = [f"Run the same command on each of the {a.num_nodes} nodes (c10d assigns the ranks):",
-                 f"  {env} {quote_cmd(build_torchrun_cmd(spec, 0), indent='')}".replace(" \\\n", " ")]
+        from ..accelerate_config import build_accelerate_config
+        from ..launch import build_spec, build_torchrun_cmd
+        from ..launch_render import quote_cmd
+
+        config = build_accelerate_config(plan, ds_config_file=str(out / "ds_config.json"))
+        spec, _ = build_spec([config], (cfg,), style="torchrun", script=script)
+        env = "".join(f"  export {k}={v}\n" for k, v in spec.accelerate_env)
+        return [f"Run the same commands on each of the {a.num_nodes} nodes (c10d assigns the ranks):",
+                env + "  " + quote_cmd(build_torchrun_cmd(spec, 0), tail=1, indent="    ")]
+    lines = [f"Run on each of the {a.num_nodes} nodes (only --machine_rank differs):"]
+    lines += [f"  node {r}: accelerate launch --config_file {cfg} --machine_rank {r} {script}"
+              for r in range(a.num_nodes)]
+    if a.launcher != "accelerate":
+        lines += [f"{a.launcher} scripts:", f"  zerofit launch --config {cfg} --style {a.launcher} --out launch -- {script}"]
     else:
-        lines = [f"Run on each of the {a.num_nodes} nodes (only --machine_rank differs):"]
-        for rank in range(a.num_nodes):
-            cmd = quote_cmd(build_accelerate_cmd(spec, rank), indent="").replace(" \\\n", " ")
-            lines.append(f"  node {rank}: {cmd}")
-    if a.launcher in ("env", "slurm", "deepspeed"):
-        lines.append(f"For {a.launcher} scripts: zerofit launch --config {cfg} --style {a.launcher} "
-                     f"--out launch -- {script}")
+        lines += ["Per-node scripts with NCCL settings:", f"  zerofit launch --config {cfg} --out launch -- {script}"]
     return lines
