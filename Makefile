@@ -13,12 +13,16 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m pip install -q -c constraints.txt -e '.[test]'
 	touch $(STAMP)
 
+demo: export PATH := $(CURDIR)/.venv/bin:$(PATH)
 demo: $(STAMP)
 	$(PY) -m zerofit.demo
 
+# One PATH for the whole run: DeepSpeed's JIT ops are rebuilt (~1 min) whenever the `ninja`
+# found first changes, and the venv's ninja differs from the system's.
+test: export PATH := $(CURDIR)/.venv/bin:$(PATH)
 test: $(STAMP)
 	$(PY) tests/warm_ops.py
-	$(PY) -m pytest -q -p no:cacheprovider
+	$(PY) -m pytest -q -p no:cacheprovider --durations=15
 
 bench: $(STAMP)
 	$(PY) benchmarks/cli_startup.py

@@ -38,26 +38,21 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
-def _load(path: str, what: str):
+def _load(path: str, what: str) -> dict:
+    """A --compare JSON report or a --config accelerate.yaml, as a mapping (ZerofitError otherwise)."""
+    import yaml
     try:
         text = Path(path).read_text()
     except OSError as exc:
         raise ZerofitError(what, f"cannot read {path} ({exc.strerror})", "check the path") from None
+    fix = ("pass the file written by `zerofit doctor --json`" if what == "compare"
+           else "regenerate it with `zerofit config`")
     try:
-        if what == "compare":
-            data = json.loads(text)
-        else:
-            import yaml
-            data = yaml.safe_load(text)
-    except ValueError as exc:  # json.JSONDecodeError and yaml.YAMLError both derive from it or are caught below
-        raise ZerofitError(what, f"{path} is not valid ({str(exc).splitlines()[0]})",
-                           "pass the file written by `zerofit doctor --json`" if what == "compare"
-                           else "regenerate it with `zerofit config`") from None
-    except Exception as exc:  # yaml.YAMLError
-        raise ZerofitError(what, f"{path} is not valid YAML ({str(exc).splitlines()[0]})",
-                           "regenerate it with `zerofit config`") from None
+        data = json.loads(text) if what == "compare" else yaml.safe_load(text)
+    except (ValueError, yaml.YAMLError) as exc:
+        raise ZerofitError(what, f"{path} is not valid ({str(exc).splitlines()[0]})", fix) from None
     if not isinstance(data, dict):
-        raise ZerofitError(what, f"{path} does not hold a mapping", "pass the right file")
+        raise ZerofitError(what, f"{path} does not hold a mapping", fix)
     return data
 
 

@@ -25,7 +25,8 @@ def register(sub) -> None:
                    help="accelerate.yaml from `zerofit config`: one shared, or one per node in rank order")
     p.add_argument("--style", choices=STYLES, help="launch dialect (default: accelerate with --config, else torchrun)")
     p.add_argument("--nodes", type=int, help="number of nodes (must match the config)")
-    p.add_argument("--gpus-per-node", type=int, dest="procs_per_node", help="processes per node (must match the config)")
+    p.add_argument("--gpus-per-node", type=int, dest="procs_per_node", metavar="M",
+                   help="processes per node (must match the config)")
     p.add_argument("--main-addr", help="address of node 0 that every node can reach")
     p.add_argument("--main-port", type=int, help="free port on node 0 (default: the config's, else 29500)")
     p.add_argument("--rdzv-id", default="zerofit", dest="job_id", help="job id for c10d rendezvous / slurm job name")
@@ -60,7 +61,7 @@ def _read_configs(paths: list[str]) -> list[dict]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..launch import build_spec
+    from ..launch_config import build_spec
     from ..launch_render import render_launch_files
 
     command = [w for w in args.command]

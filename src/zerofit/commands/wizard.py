@@ -136,7 +136,8 @@ def render_launch_lines(plan, out: Path, script: str = SCRIPT) -> list[str]:
         return ["Run it:", f"  accelerate launch --config_file {cfg} {script}"]
     if a.launcher == "torchrun":
         from ..accelerate_config import build_accelerate_config
-        from ..launch import build_spec, build_torchrun_cmd
+        from ..launch import build_torchrun_cmd
+        from ..launch_config import build_spec
         from ..launch_render import quote_cmd
 
         config = build_accelerate_config(plan, ds_config_file=str(out / "ds_config.json"))
