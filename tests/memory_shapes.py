@@ -1,31 +1,8 @@
-"""Published model shapes for the memory/planner tests, independent of zerofit.models.
-
-Uses zerofit.models.ModelSpec when that module exists, else a local stand-in with the same fields.
-"""
+"""Published model shapes for the memory/planner tests, typed independently of zerofit.models' table
+so a wrong entry there cannot hide behind the same wrong number here."""
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-try:
-    from zerofit.models import ModelSpec
-except Exception:  # noqa: BLE001 -- the models module is written in parallel; same contract fields
-    @dataclass(frozen=True)
-    class ModelSpec:  # type: ignore[no-redef]
-        name: str
-        architecture: str
-        hidden_size: int
-        intermediate_size: int
-        num_layers: int
-        num_heads: int
-        num_kv_heads: int
-        head_dim: int
-        vocab_size: int
-        tie_embeddings: bool
-        params: int
-        active_params: int
-        num_experts: int = 0
-        experts_per_token: int = 0
-        moe_intermediate_size: int = 0
+from zerofit.models import ModelSpec
 
 
 def _spec(name, arch, h, i, layers, heads, kv, d, vocab, tied, params):
