@@ -33,9 +33,9 @@ def build_plan(hidden_size: int = 64, params: int = 1_000_000, peak_gib: float =
 
     Unset knobs default to stage 2, no offload, micro batch 1, precision bf16.
     """
-    from zerofit.answers import Answers, validate_answers
+    from zerofit.planning.answers import Answers, validate_answers
     from zerofit.hardware import lookup
-    from zerofit.plan import Plan
+    from zerofit.planning.plan import Plan
 
     answer_fields.setdefault("stage", 2)
     answer_fields.setdefault("micro_batch", 1)

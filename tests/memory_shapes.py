@@ -2,7 +2,7 @@
 so a wrong entry there cannot hide behind the same wrong number here."""
 from __future__ import annotations
 
-from zerofit.models import ModelSpec
+from zerofit.models.resolve import ModelSpec
 
 
 def _spec(name, arch, h, i, layers, heads, kv, d, vocab, tied, params):

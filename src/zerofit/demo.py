@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     if not RECIPE.exists():
         print(f"zerofit demo: {RECIPE} not found (fix: run the demo from a source checkout)", file=sys.stderr)
         return 2
-    from .hardware import detect_local_gpus
+    from zerofit.hardware import detect_local_gpus
 
     out = Path(args.out).resolve()
     shutil.rmtree(out, ignore_errors=True)

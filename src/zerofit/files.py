@@ -5,7 +5,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from .errors import ZerofitError
+from zerofit.errors import ZerofitError
 
 
 def write_files(outdir, files: dict[str, str], force: bool = False) -> list[Path]:

@@ -5,7 +5,7 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 
-from .errors import ZerofitError
+from zerofit.errors import ZerofitError
 
 
 @dataclass(frozen=True)

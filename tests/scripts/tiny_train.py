@@ -2,7 +2,7 @@
 
     accelerate launch --num_processes 2 --config_file OUT/accelerate.yaml tests/scripts/tiny_train.py
 
-Used by tests/test_deepspeed_engine.py: asserts a real 2-process world and a finite loss, and
+Used by tests/configs/test_deepspeed_engine.py: asserts a real 2-process world and a finite loss, and
 prints one marker line (`ZEROFIT_TINY_TRAIN ...`) with what the DeepSpeed engine ended up using.
 """
 import argparse
@@ -63,6 +63,10 @@ def main() -> None:
               f"train_batch_size={cfg.get('train_batch_size')} micro={cfg.get('train_micro_batch_size_per_gpu')} "
               f"accum={cfg.get('gradient_accumulation_steps')} optimizer={type(inner).__name__} "
               f"dtype={next(model.parameters()).dtype} loss={value:.4f}", flush=True)
+    # Both ranks reach here before either tears its process group down: a rank that exits while
+    # its peer still has gloo work in flight can abort with "terminate called without an active
+    # exception" (seen once here, SIGABRT after the run had finished).
+    accelerator.wait_for_everyone()
     accelerator.end_training()
 
 

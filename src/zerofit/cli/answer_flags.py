@@ -1,0 +1,67 @@
+"""CLI flags for every Answers field, shared by estimate/plan/config/wizard so they cannot drift.
+
+Flag names are the field names with dashes (``--gpus-per-node``); ``--nodes`` and
+``--answers FILE`` are extra. Values given on the command line override the answers file.
+"""
+from __future__ import annotations
+
+import argparse
+from dataclasses import fields
+from pathlib import Path
+
+from zerofit.planning.answers import (ATTENTION, FLAVOURS, LAUNCHERS, OFFLOAD_DEVICES, PRECISIONS, WORKLOADS,
+                       Answers, answers_from_dict, answers_to_dict, load_answers)
+from zerofit.errors import ZerofitError
+
+_CHOICES = {"workload": WORKLOADS, "precision": PRECISIONS, "offload_optimizer": OFFLOAD_DEVICES,
+            "offload_param": OFFLOAD_DEVICES, "launcher": LAUNCHERS, "flavour": FLAVOURS,
+            "attention": ATTENTION, "stage": (0, 1, 2, 3)}
+_HELP = {
+    "model": "built-in name (e.g. qwen2.5-7b), config.json, model directory, or hub id",
+    "gpu": "GPU type from the catalog (e.g. H100-SXM, A100-80GB, L40S)",
+    "gpus_per_node": "GPUs (processes) on each node",
+    "num_nodes": "number of nodes",
+    "seq_len": "tokens per sequence (grpo: prompt + completion)",
+    "global_batch": "sequences per optimizer step across all GPUs",
+    "stage": "ZeRO stage (default: the planner picks)",
+    "micro_batch": "sequences per GPU per forward (default: the planner picks)",
+    "gradient_checkpointing": "recompute activations in backward (default: the planner picks)",
+    "flavour": "explicit numbers, or 'auto' values for HF Trainer / TRL",
+    "headroom": "fraction of GPU memory a plan may use (default 0.9)",
+}
+_ALIASES = {"num_nodes": ["--nodes"]}
+
+
+def add_answer_flags(parser: argparse.ArgumentParser) -> None:
+    """Add ``--answers FILE`` and one flag per Answers field (default None = not given)."""
+    parser.add_argument("--answers", metavar="FILE", help="answers.yaml to start from (flags override it)")
+    for f in fields(Answers):
+        flag = "--" + f.name.replace("_", "-")
+        names = [flag] + _ALIASES.get(f.name, [])
+        kwargs: dict = {"dest": f.name, "default": None, "help": _HELP.get(f.name)}
+        if "bool" in f.type:
+            kwargs["action"] = argparse.BooleanOptionalAction
+        else:
+            kwargs["type"] = int if f.name in ("stage",) or f.type.startswith("int") else (
+                float if f.type == "float" else str)
+            if f.name in _CHOICES:
+                kwargs["choices"] = _CHOICES[f.name]
+            kwargs["metavar"] = f.name.upper()
+        parser.add_argument(*names, **kwargs)
+
+
+def answers_from_args(args: argparse.Namespace) -> Answers:
+    """Answers from ``--answers FILE`` (if any) overlaid with the flags the user gave."""
+    base: dict = {}
+    if getattr(args, "answers", None):
+        path = Path(args.answers)
+        try:
+            text = path.read_text()
+        except OSError as exc:
+            raise ZerofitError("--answers", f"cannot read {path} ({exc.strerror})", "give an existing answers.yaml") from None
+        base = answers_to_dict(load_answers(text))
+    for f in fields(Answers):
+        value = getattr(args, f.name, None)
+        if value is not None:
+            base[f.name] = value
+    return answers_from_dict(base)

@@ -1,0 +1,37 @@
+"""Answers -> Plan -> {filename: text}: the files `zerofit config` writes, as deterministic text."""
+from __future__ import annotations
+
+import json
+
+from zerofit.configs.accelerate_yaml import DS_CONFIG_FILE, render_accelerate_config
+from zerofit.planning.answers import Answers, render_answers
+from zerofit.configs.deepspeed_json import build_zero_config
+
+FILE_NAMES = ("ds_config.json", "accelerate.yaml", "answers.yaml")
+
+
+def render_zero_config(plan) -> str:
+    """DeepSpeed JSON text: indent 2, key order as built, trailing newline (byte-stable)."""
+    return json.dumps(build_zero_config(plan), indent=2) + "\n"
+
+
+def render_files(plan, ds_config_file: str = DS_CONFIG_FILE) -> dict[str, str]:
+    """{"ds_config.json", "accelerate.yaml", "answers.yaml"} texts for ``plan``.
+
+    Args:
+        plan: a ``zerofit.plan.Plan``.
+        ds_config_file: how accelerate.yaml refers to the JSON (relative to the launch directory).
+    """
+    return {
+        "ds_config.json": render_zero_config(plan),
+        "accelerate.yaml": render_accelerate_config(plan, machine_rank=0, ds_config_file=ds_config_file),
+        "answers.yaml": render_answers(plan.answers),
+    }
+
+
+def build_files(answers: Answers, ds_config_file: str = DS_CONFIG_FILE):
+    """Plan ``answers`` and render its files; returns ``(plan, {filename: text})``."""
+    from zerofit.planning.plan import plan as make_plan
+
+    p = make_plan(answers)
+    return p, render_files(p, ds_config_file=ds_config_file)

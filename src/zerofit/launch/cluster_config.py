@@ -1,0 +1,157 @@
+"""accelerate.yaml (ClusterConfig) -> LaunchSpec: the config files' rules, their DeepSpeed environment,
+and the merge with command-line flags. Pure: the caller reads the YAML files.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from zerofit.errors import ZerofitError
+from zerofit.launch.commands import LaunchSpec, validate_spec
+
+# ClusterConfig.deepspeed_config key -> the variable `accelerate launch` exports for it, so a
+# torchrun / env / deepspeed launch of the same script configures DeepSpeed identically.
+DS_ENV_MAPPING = {
+    "deepspeed_config_file": "ACCELERATE_DEEPSPEED_CONFIG_FILE",
+    "zero_stage": "ACCELERATE_DEEPSPEED_ZERO_STAGE",
+    "gradient_accumulation_steps": "ACCELERATE_GRADIENT_ACCUMULATION_STEPS",
+    "gradient_clipping": "ACCELERATE_GRADIENT_CLIPPING",
+    "offload_optimizer_device": "ACCELERATE_DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE",
+    "offload_param_device": "ACCELERATE_DEEPSPEED_OFFLOAD_PARAM_DEVICE",
+    "zero3_init_flag": "ACCELERATE_DEEPSPEED_ZERO3_INIT",
+    "zero3_save_16bit_model": "ACCELERATE_DEEPSPEED_ZERO3_SAVE_16BIT_MODEL",
+}
+
+
+def validate_cluster_configs(configs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Check accelerate YAMLs (one shared, or one per node) agree; return the shared settings.
+
+    Every file must hold the same num_machines, num_processes (total), main_process_ip/port and
+    distributed_type; per-node files need machine_rank 0..N-1, each exactly once, in order.
+    """
+    if not configs:
+        raise ZerofitError("config", "no accelerate config given", "pass --config accelerate.yaml")
+    first = configs[0]
+    for key in ("num_machines", "num_processes", "main_process_ip", "main_process_port", "distributed_type"):
+        values = [c.get(key) for c in configs]
+        if len(set(map(str, values))) > 1:
+            raise ZerofitError(key, f"differs between the config files ({', '.join(map(str, values))})",
+                               f"set the same {key} in every node's accelerate.yaml")
+    machines = first.get("num_machines", 1)
+    total = first.get("num_processes", 1)
+    for key, value in (("num_machines", machines), ("num_processes", total)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ZerofitError(key, f"{value!r} must be a positive integer", f"fix {key} in accelerate.yaml")
+    if total % machines:
+        raise ZerofitError("num_processes", f"{total} (total over all nodes) is not divisible by "
+                           f"num_machines {machines}", "num_processes counts every GPU of every node: use N x M")
+    if len(configs) > 1:
+        ranks = [c.get("machine_rank", 0) for c in configs]
+        if len(configs) != machines:
+            raise ZerofitError("config", f"{len(configs)} config files for num_machines {machines}",
+                               "give one file per node, or one shared file")
+        if sorted(ranks) != list(range(machines)):
+            raise ZerofitError("machine_rank", f"ranks {ranks} are not unique and 0..{machines - 1}",
+                               "give each node's file its own machine_rank, starting at 0")
+        if ranks != list(range(machines)):
+            raise ZerofitError("machine_rank", f"files are in rank order {ranks}",
+                               "list the config files by machine_rank: node 0's first")
+    return first
+
+
+# Keys `accelerate launch` refuses next to a deepspeed_config_file (the JSON decides them).
+_IGNORED_WITH_DS_FILE = ("gradient_accumulation_steps", "gradient_clipping", "zero_stage", "offload_optimizer_device",
+                         "offload_param_device", "offload_param_nvme_path", "offload_optimizer_nvme_path",
+                         "zero3_save_16bit_model")
+
+
+def check_ds_file_conflicts(config: dict[str, Any]) -> None:
+    """Raise the ZerofitError `accelerate launch` would turn into a traceback on every node."""
+    ds = config.get("deepspeed_config") or {}
+    if config.get("distributed_type") != "DEEPSPEED" or not ds.get("deepspeed_config_file"):
+        return
+    clash = [k for k in _IGNORED_WITH_DS_FILE if k in ds] + (["mixed_precision"] if "mixed_precision" in config else [])
+    if clash:
+        raise ZerofitError("config", f"accelerate.yaml sets {', '.join(clash)} next to deepspeed_config_file, "
+                           "which `accelerate launch` refuses", "remove them; the DeepSpeed JSON decides")
+
+
+def build_accelerate_env(config: dict[str, Any]) -> dict[str, str]:
+    """The ACCELERATE_* variables `accelerate launch` would set for this config (DeepSpeed part)."""
+    env: dict[str, str] = {}
+    if config.get("distributed_type") != "DEEPSPEED":
+        return env
+    env["ACCELERATE_USE_DEEPSPEED"] = "true"
+    if config.get("mixed_precision"):
+        env["ACCELERATE_MIXED_PRECISION"] = str(config["mixed_precision"])
+    ds = config.get("deepspeed_config") or {}
+    for key, var in DS_ENV_MAPPING.items():
+        if ds.get("deepspeed_config_file") and key in _IGNORED_WITH_DS_FILE:
+            continue  # accelerate ignores them next to a JSON file; exporting them would conflict
+        value = ds.get(key)
+        if value is not None:
+            env[var] = str(value).lower() if isinstance(value, bool) else str(value)
+    return env
+
+
+def build_spec(configs: list[dict[str, Any]] = (), config_paths: tuple[str, ...] = (), *,
+               style: str | None = None, nodes: int | None = None, procs_per_node: int | None = None,
+               main_addr: str | None = None, main_port: int | None = None, script: str = "",
+               script_args: tuple[str, ...] = (), **extra: Any) -> tuple[LaunchSpec, list[str]]:
+    """Merge accelerate YAML(s) and flags into a validated spec, plus warnings for the user.
+
+    Flags may restate the config but not contradict its sizes: the DeepSpeed JSON's batch
+    arithmetic was computed for that world size. The address and port may be overridden.
+    """
+    warnings: list[str] = []
+    env: dict[str, str] = {}
+    use_ds = False
+    if configs:
+        shared = validate_cluster_configs(list(configs))
+        cfg_nodes = shared.get("num_machines", 1)
+        cfg_procs = shared.get("num_processes", 1) // cfg_nodes
+        for flag, given, expected in (("nodes", nodes, cfg_nodes), ("gpus_per_node", procs_per_node, cfg_procs)):
+            if given is not None and given != expected:
+                raise ZerofitError(flag, f"{given} disagrees with accelerate.yaml ({expected}; num_processes there is"
+                                   " the total of all nodes)", "regenerate with `zerofit config` or drop the flag")
+        nodes, procs_per_node = cfg_nodes, cfg_procs
+        cfg_addr, cfg_port = shared.get("main_process_ip"), shared.get("main_process_port")
+        for name, flag, value in (("main address", main_addr, cfg_addr), ("main port", main_port, cfg_port)):
+            if flag is not None and value is not None and str(flag) != str(value):
+                warnings.append(f"{name}: using {flag} from the command line, not {value} from accelerate.yaml")
+        main_addr = main_addr or cfg_addr
+        main_port = main_port if main_port is not None else cfg_port
+        use_ds = shared.get("distributed_type") == "DEEPSPEED"
+        env = build_accelerate_env(shared)
+        if extra.get("rdzv_backend") is None:
+            extra["rdzv_backend"] = shared.get("rdzv_backend") or "static"
+        launcher = (shared.get("deepspeed_config") or {}).get("deepspeed_multinode_launcher") or "pdsh"
+        if use_ds and nodes > 1 and launcher != "standard" and (style or "accelerate") == "accelerate":
+            warnings.append(f"accelerate.yaml sets deepspeed_multinode_launcher: {launcher}, which needs pdsh, "
+                            "passwordless ssh and a hostfile; the node scripts pass "
+                            "--deepspeed_multinode_launcher standard (torchrun on each node) instead")
+    if nodes is None or procs_per_node is None:
+        missing = "nodes" if nodes is None else "gpus_per_node"
+        raise ZerofitError(missing, "is not given", "pass --nodes N --gpus-per-node M, or --config accelerate.yaml")
+    style = style or ("accelerate" if configs else "torchrun")
+    if configs and style in ("accelerate", "slurm"):
+        check_ds_file_conflicts(configs[0])
+    if extra.get("rdzv_backend") is None:
+        extra["rdzv_backend"] = "static"
+    hosts = tuple(extra.get("hostnames") or ())
+    if main_addr is None:
+        if style == "deepspeed":
+            main_addr = hosts[0] if hosts else "node0"
+        elif style == "slurm" or nodes == 1:
+            main_addr = "127.0.0.1"  # slurm reads the real one from scontrol at run time
+        else:
+            raise ZerofitError("main_addr", f"is needed for {nodes} nodes",
+                               "pass --main-addr with node 0's address on the network the nodes share")
+    if nodes > 1 and style != "slurm" and (main_addr == "localhost" or str(main_addr).startswith("127.")
+                                           or main_addr == "::1"):
+        warnings.append(f"main address {main_addr} is loopback: only a single machine can reach it "
+                        "(fine for a local test); pass --main-addr with node 0's address on the shared network")
+    spec = LaunchSpec(nodes=nodes, procs_per_node=procs_per_node, main_addr=str(main_addr),
+                      main_port=29500 if main_port is None else main_port, script=script,
+                      script_args=tuple(script_args), style=style, config_files=tuple(config_paths),
+                      use_deepspeed=use_ds, accelerate_env=tuple(env.items()), **extra)
+    return validate_spec(spec), warnings

@@ -1,0 +1,321 @@
+"""Model shapes and exact parameter counts: built-in names, config.json files, model dirs, hub ids.
+
+Known families (llama, mistral, qwen2, qwen3, mixtral, qwen3_moe) are counted with a closed formula
+that mirrors the transformers modules parameter for parameter; any other architecture is instantiated
+on the meta device (no weights, no memory) and its unique parameters summed, cached on disk because
+importing transformers costs seconds. Nothing here imports torch/transformers/huggingface_hub at import.
+"""
+from __future__ import annotations
+
+import difflib
+import hashlib
+import json
+import os
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+from zerofit.errors import ZerofitError
+from zerofit.models.builtin import BUILTIN_CONFIGS as _BUILTIN
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What the planner needs to know about a model: its shape and exact parameter counts."""
+
+    name: str
+    architecture: str          # transformers model_type, e.g. "qwen2", "qwen3_moe"
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    tie_embeddings: bool
+    params: int                # total parameters, exact (tied embeddings counted once)
+    active_params: int         # used per token: == params when dense; MoE: all but unselected experts
+    num_experts: int = 0
+    experts_per_token: int = 0
+    moe_intermediate_size: int = 0
+
+
+# transformers' defaults for fields a hand-written config.json may leave out (transformers 5.x config
+# classes); a key present with null means "same as num_attention_heads", as those classes do.
+_DEFAULTS: dict[str, dict] = {
+    "llama": {"num_key_value_heads": None},
+    "mistral": {"num_key_value_heads": 8},
+    "qwen2": {"num_key_value_heads": 32},
+    "qwen3": {"num_key_value_heads": 32, "head_dim": 128},
+    "mixtral": {"num_key_value_heads": 8, "num_experts": 8, "num_experts_per_tok": 2},
+    "qwen3_moe": {"num_key_value_heads": 4, "num_experts": 128, "num_experts_per_tok": 8,
+                  "moe_intermediate_size": 768, "decoder_sparse_step": 1},
+}
+_REQUIRED = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
+_CACHE_VERSION = "1"
+
+
+def count_params_analytic(config: dict, where: str = "config.json") -> dict | None:
+    """Shape fields + exact ``params``/``active_params`` for a known family, or None for other types.
+
+    Per layer: q/k/v/o projections (qwen2: q/k/v biases; llama/qwen3: all four when attention_bias),
+    qwen3 q_norm/k_norm over head_dim, two RMSNorms, then a SwiGLU MLP (llama: biases when mlp_bias)
+    or a router plus ``num_experts`` SwiGLU experts. Plus embeddings, final norm and an lm_head that
+    shares the embedding when ``tie_word_embeddings``.
+    """
+    family = config.get("model_type")
+    if family not in _DEFAULTS:
+        return None
+    c = {**_DEFAULTS[family], **config}
+    h, inter, layers, heads, vocab = (_positive(c, k, where) for k in _REQUIRED)
+    kv = _positive(c, "num_key_value_heads", where) if c["num_key_value_heads"] is not None else heads
+    hd = _positive(c, "head_dim", where) if c.get("head_dim") else h // heads
+    tie = bool(c.get("tie_word_embeddings", False))
+    q, k = heads * hd, kv * hd
+    attn = h * q + 2 * h * k + q * h
+    if family == "qwen2":
+        attn += q + 2 * k
+    elif family in ("llama", "qwen3", "qwen3_moe") and c.get("attention_bias"):
+        attn += q + 2 * k + h
+    if family in ("qwen3", "qwen3_moe"):
+        attn += 2 * hd
+    dense_mlp = 3 * h * inter + (2 * inter + h if family == "llama" and c.get("mlp_bias") else 0)
+    experts = top_k = moe_inter = 0
+    if family in ("mixtral", "qwen3_moe"):
+        experts = _positive(c, "num_local_experts" if "num_local_experts" in c else "num_experts", where)
+        top_k = _positive(c, "num_experts_per_tok", where)
+        moe_inter = inter if family == "mixtral" else _positive(c, "moe_intermediate_size", where)
+    if family == "qwen3_moe":
+        dense_only, step = set(c.get("mlp_only_layers") or []), _positive(c, "decoder_sparse_step", where)
+        sparse = sum(1 for i in range(layers) if i not in dense_only and (i + 1) % step == 0)
+    else:
+        sparse = layers if experts else 0
+    expert = 3 * h * moe_inter
+    total = (layers * (attn + 2 * h) + (layers - sparse) * dense_mlp + sparse * (experts * h + experts * expert)
+             + vocab * h * (1 if tie else 2) + h)
+    active = total - sparse * (experts - top_k) * expert
+    return dict(architecture=family, hidden_size=h, intermediate_size=inter, num_layers=layers,
+                num_heads=heads, num_kv_heads=kv, head_dim=hd, vocab_size=vocab, tie_embeddings=tie,
+                params=total, active_params=active, num_experts=experts, experts_per_token=top_k,
+                moe_intermediate_size=moe_inter)
+
+
+def count_params_meta(config: dict, where: str = "config.json") -> dict:
+    """Shape fields + exact counts for any transformers architecture: build it on the meta device.
+
+    Routed-expert parameters are those under a module named ``experts`` (fused 3-D tensors or one
+    module per expert); the active count keeps top-k of them. Slow (imports transformers): see
+    ``count_params``, which caches this.
+    """
+    import torch
+    import transformers
+    from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
+
+    model_type = config.get("model_type")
+    verbosity = transformers.logging.get_verbosity()
+    transformers.logging.set_verbosity_error()  # config sanity warnings are noise for a count
+    try:
+        cfg = AutoConfig.for_model(model_type, **{k: v for k, v in config.items() if k != "model_type"})
+        with torch.device("meta"):
+            try:
+                model = AutoModelForCausalLM.from_config(cfg)
+            except ValueError:  # no causal-LM head registered (encoders, some multimodal models)
+                model = AutoModel.from_config(cfg)
+    except Exception as err:  # transformers raises many types for unknown or inconsistent configs
+        raise _meta_failure(config, where, err, transformers.__version__) from err
+    finally:
+        transformers.logging.set_verbosity(verbosity)
+    total = routed = 0
+    for name, p in model.named_parameters():  # deduplicates tied weights
+        total += p.numel()
+        routed += p.numel() if "experts" in name.split(".") else 0
+    text = cfg.get_text_config()  # multimodal configs keep the language model's shape here
+
+    def get(*keys: str, default: int = 0) -> int:  # architectures name the same field differently
+        return next((getattr(text, k) for k in keys if getattr(text, k, None)), default)
+
+    h, heads = get("hidden_size"), get("num_attention_heads", default=1)
+    experts, top_k = get("num_experts", "num_local_experts", "n_routed_experts"), get("num_experts_per_tok")
+    active = total - routed * (experts - top_k) // experts if routed and experts else total
+    return dict(architecture=model_type, hidden_size=h, intermediate_size=get("intermediate_size", "n_inner",
+                default=4 * h), num_layers=get("num_hidden_layers"), num_heads=heads,
+                num_kv_heads=get("num_key_value_heads", default=heads), head_dim=get("head_dim", default=h // heads),
+                vocab_size=get("vocab_size"), tie_embeddings=bool(getattr(cfg, "tie_word_embeddings", False)),
+                params=total, active_params=active, num_experts=experts if routed else 0,
+                experts_per_token=top_k if routed else 0,
+                moe_intermediate_size=get("moe_intermediate_size", "intermediate_size") if routed else 0)
+
+
+def _positive(config: dict, key: str, where: str) -> int:
+    """``config[key]`` as a positive int, else a one-line error naming the field."""
+    if key not in config or config[key] is None:
+        raise ZerofitError("model", f"{where} has no \"{key}\"", f"add \"{key}\" (a positive integer) to it")
+    value = config[key]
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ZerofitError("model", f"{where}: \"{key}\" is {value!r}, not a positive integer",
+                           f"set \"{key}\" to the model's value")
+    return value
+
+
+def _meta_failure(config: dict, where: str, err: Exception, version: str) -> ZerofitError:
+    from transformers import CONFIG_MAPPING
+
+    model_type = config.get("model_type")
+    if model_type not in CONFIG_MAPPING:
+        remote = " (it needs trust_remote_code, which zerofit never runs)" if "auto_map" in config else ""
+        return ZerofitError("model", f"{where}: architecture {model_type!r} is unknown to transformers "
+                            f"{version}{remote}",
+                            "upgrade transformers, or use a transformers-native config or a built-in name")
+    detail = str(err).splitlines()[0] if str(err) else type(err).__name__
+    return ZerofitError("model", f"{where}: transformers cannot build {model_type!r}: {detail}",
+                        "fix the config values it names")
+
+
+def cache_path() -> Path:
+    """Where meta-device counts are cached: ``$XDG_CACHE_HOME/zerofit/params.json`` (~/.cache default)."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "zerofit" / "params.json"
+
+
+def _cache_key(config: dict) -> str:
+    from importlib.metadata import version
+    # Bookkeeping keys differ between copies of the same model; the transformers version can change modules.
+    kept = {k: v for k, v in config.items() if not k.startswith("_") and k != "transformers_version"}
+    blob = json.dumps([_CACHE_VERSION, version("transformers"), kept], sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def count_params(config: dict, where: str = "config.json") -> dict:
+    """Shape fields + exact counts: the closed formula for known families, else meta-device build (cached)."""
+    record = count_params_analytic(config, where)
+    if record is not None:
+        return record
+    if not config.get("model_type"):
+        raise ZerofitError("model", f"{where} has no \"model_type\"",
+                           "add it (e.g. \"llama\"); every transformers config.json carries one")
+    path, key = cache_path(), _cache_key(config)
+    try:
+        cache = json.loads(path.read_text())
+    except (OSError, ValueError):
+        cache = {}
+    cached = cache.get(key) if isinstance(cache, dict) else None
+    if isinstance(cached, dict) and set(cached) == {f.name for f in fields(ModelSpec)} - {"name"}:
+        return cached
+    record = count_params_meta(config, where)
+    cache = {**(cache if isinstance(cache, dict) else {}), key: record}
+    try:  # a cache we cannot write only costs time next run
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(cache, indent=1, sort_keys=True))
+        os.replace(tmp, path)
+    except OSError:
+        pass
+    return record
+
+
+def spec_from_config(config: dict, name: str, where: str = "config.json") -> ModelSpec:
+    """The ModelSpec for a parsed config.json; ``where`` names its source in error messages."""
+    if not isinstance(config, dict):
+        raise ZerofitError("model", f"{where} is not a JSON object", "point at a transformers config.json")
+    return ModelSpec(name=name, **count_params(config, where))
+
+
+BUILTIN_MODELS: dict[str, ModelSpec] = {n: spec_from_config(c, n) for n, (_, c) in _BUILTIN.items()}
+_HUB_ALIASES: dict[str, str] = {hub.lower(): n for n, (ids, _) in _BUILTIN.items() for hub in ids}
+
+
+def model_names() -> list[str]:
+    """Built-in model names (lowercase), in table order: family by family, small to large."""
+    return list(BUILTIN_MODELS)
+
+
+def builtin_config(name: str) -> dict:
+    """A copy of the config.json fields stored for a built-in model (name or hub id, any case)."""
+    key = _HUB_ALIASES.get(name.strip().lower(), name.strip().lower())
+    if key not in _BUILTIN:
+        raise ZerofitError("model", f"{name!r} is not a built-in model", _suggest(name))
+    return json.loads(json.dumps(_BUILTIN[key][1]))
+
+
+def resolve_model(ref: str) -> ModelSpec:
+    """Resolve a built-in name or its hub id, a config.json path, a model directory, or a hub id.
+
+    Hub ids outside the table download only ``config.json`` (huggingface_hub, imported here).
+    """
+    ref = (ref or "").strip()
+    if not ref:
+        raise ZerofitError("model", "no model given", _suggest(""))
+    key = ref.lower()
+    if key in BUILTIN_MODELS or key in _HUB_ALIASES:
+        return BUILTIN_MODELS[_HUB_ALIASES.get(key, key)]
+    path = Path(ref).expanduser()
+    if path.is_dir():
+        path = path / "config.json"
+        if not path.is_file():
+            raise ZerofitError("model", f"directory {ref} has no config.json",
+                               "point at a model directory saved by transformers, or at its config.json")
+    elif not path.is_file():
+        if ref.startswith(("/", ".", "~")) or ref.endswith(".json") or ref.count("/") > 1:
+            raise ZerofitError("model", f"no such file or directory: {ref}", _suggest(ref))
+        # An org-less name this close to a built-in is a typo, not a legacy hub id: answer at once
+        # instead of spending the hub client's retries on a name that does not exist.
+        if "/" not in ref and difflib.get_close_matches(key, list(BUILTIN_MODELS), n=1, cutoff=0.8):
+            raise ZerofitError("model", f"{ref!r} is not a built-in model", _suggest(ref))
+        return spec_from_config(_read_json(_download_config(ref)), ref, f"config.json of {ref}")
+    return spec_from_config(_read_json(path), ref, str(path))
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise ZerofitError("model", f"cannot read {path}: {err.__class__.__name__}",
+                           "check the path and its permissions") from err
+    try:
+        return json.loads(text)
+    except ValueError as err:
+        raise ZerofitError("model", f"{path} is not valid JSON ({err})",
+                           "fix the file, or re-download config.json") from err
+
+
+def _download_config(repo_id: str) -> Path:
+    """Fetch only config.json of a hub repo; every failure becomes one ZerofitError line."""
+    from huggingface_hub import errors, hf_hub_download
+    from huggingface_hub.utils import validate_repo_id
+    try:
+        validate_repo_id(repo_id)
+    except errors.HFValidationError as err:
+        raise ZerofitError("model", f"{repo_id!r} is not a built-in name, a local path or a hub id",
+                           _suggest(repo_id)) from err
+    try:
+        return Path(hf_hub_download(repo_id=repo_id, filename="config.json"))
+    except Exception as err:  # every failure, network ones included, becomes one line
+        problem, fix = _hub_failure(repo_id, err, errors)
+        raise ZerofitError("model", problem, fix) from err
+
+
+def _hub_failure(repo_id: str, err: Exception, errors) -> tuple[str, str]:
+    if isinstance(err, errors.GatedRepoError):
+        return (f"{repo_id} is gated on the Hugging Face Hub",
+                "accept its licence on the model page and run `hf auth login`, or pass a local config.json")
+    if isinstance(err, errors.RepositoryNotFoundError):
+        return f"{repo_id!r} is not a built-in model, a local path or a model on the Hub", _suggest(repo_id)
+    if isinstance(err, errors.LocalEntryNotFoundError):  # offline and not in the local hub cache
+        return (f"cannot fetch config.json of {repo_id}: offline and not cached",
+                "connect to the network, or download config.json and pass its path")
+    if isinstance(err, (errors.RemoteEntryNotFoundError, errors.EntryNotFoundError)):
+        return f"hub repo {repo_id} has no config.json", "pass a transformers model repo"
+    detail = str(err).splitlines()[0] if str(err) else type(err).__name__
+    return (f"cannot fetch config.json of {repo_id} ({detail})",
+            "check the network and HF_HUB_OFFLINE, or download config.json and pass its path")
+
+
+def _suggest(ref: str) -> str:
+    close = difflib.get_close_matches(ref.lower().split("/")[-1], list(BUILTIN_MODELS), n=3, cutoff=0.6)
+    if close:
+        return f"did you mean {' or '.join(close)}?"
+    examples = ", ".join(list(BUILTIN_MODELS)[::4])
+    return f"use a built-in name ({examples}, ...), a config.json, a model directory or a hub id"
+
+
+__all__ = ["ModelSpec", "BUILTIN_MODELS", "model_names", "resolve_model", "spec_from_config", "builtin_config",
+           "count_params", "count_params_analytic", "count_params_meta", "cache_path"]

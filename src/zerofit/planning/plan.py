@@ -1,0 +1,96 @@
+"""Plan: the resolved configuration (stage, offload, batch arithmetic) with a reason per decision.
+
+CONTRACT (shared by builders, wizard, launch): the dataclass fields below are stable.
+`plan(answers)` is implemented by the planner work; keep its signature.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from zerofit.planning.answers import Answers
+from zerofit.hardware import GpuSpec
+from zerofit.planning.decision import Decision
+
+
+@dataclass(frozen=True)
+class Alternative:
+    stage: int
+    offload_optimizer: str
+    offload_param: str
+    gradient_checkpointing: bool
+    micro_batch: int
+    peak_gib: float
+    fits: bool
+
+
+@dataclass(frozen=True)
+class Plan:
+    answers: Answers
+    gpu: GpuSpec
+    model_name: str
+    params: int                 # total parameters
+    hidden_size: int
+    precision: str              # bf16 | fp16 | fp32
+    world_size: int
+    stage: int
+    offload_optimizer: str      # none | cpu | nvme
+    offload_param: str          # none | cpu | nvme
+    gradient_checkpointing: bool
+    micro_batch: int
+    grad_accum: int
+    global_batch: int           # micro_batch * grad_accum * world_size, always
+    peak_gib: float             # predicted per-GPU peak of torch.cuda.max_memory_allocated()
+    fits: bool
+    breakdown_gib: dict[str, float] = field(default_factory=dict)
+    cpu_gib: float = 0.0
+    decisions: tuple[Decision, ...] = ()
+    alternatives: tuple[Alternative, ...] = ()
+    suggestions: tuple[str, ...] = ()  # what would fit, when nothing does
+
+
+def plan(answers: Answers, model: Any = None) -> Plan:
+    """Resolve ``answers`` into the fastest configuration that fits, with reasons.
+
+    ``model`` (a ``zerofit.models.resolve.ModelSpec``) skips resolving ``answers.model`` when given.
+    Every override in ``answers`` (stage, offload, checkpointing, micro batch) is honoured; when
+    nothing fits, the least-memory candidate is returned with ``fits=False`` and suggestions.
+    """
+    from zerofit.hardware import lookup
+    from zerofit.planning.planner import best_of, evaluate, micro_choices, option_grid, pick_global_batch, pick_precision
+    from zerofit.planning.reasons import decide, suggest
+
+    if model is None:
+        from zerofit.models.resolve import resolve_model
+        model = resolve_model(answers.model)
+    gpu = lookup(answers.gpu)
+    world = answers.world_size
+    precision, precision_why = pick_precision(answers, gpu)
+    global_batch, batch_why = pick_global_batch(answers)
+    per_rank = global_batch // world
+    micros = micro_choices(answers, per_rank)
+    pool = [c for option in option_grid(answers) for c in evaluate(model, answers, gpu, precision, option, micros, per_rank)]
+    chosen = best_of(pool)
+    budget = gpu.memory_gib * answers.headroom
+    desc = f"{model.name} ({model.params / 1e9:.2f}B) on {world} x {gpu.key}"
+    accum = per_rank // chosen.micro_batch
+    decisions = [Decision("precision", precision, precision_why), Decision("global_batch", global_batch, batch_why)]
+    decisions += decide(chosen, pool, answers, gpu, budget, desc)
+    decisions.append(Decision("grad_accum", accum, f"{accum} = global batch {global_batch} / "
+                              f"(micro {chosen.micro_batch} x {world} GPUs)"))
+    everything = [c for option in option_grid(answers, honour_overrides=False)
+                  for c in evaluate(model, answers, gpu, precision, option, micros, per_rank)]
+    alternatives = []
+    for key in dict.fromkeys((c.stage, c.offload_optimizer, c.offload_param, c.gradient_checkpointing) for c in everything):
+        c = best_of([x for x in everything if (x.stage, x.offload_optimizer, x.offload_param, x.gradient_checkpointing) == key])
+        alternatives.append(Alternative(c.stage, c.offload_optimizer, c.offload_param, c.gradient_checkpointing,
+                                        c.micro_batch, round(c.estimate.peak_gib, 2), c.fits))
+    suggestions = () if chosen.fits else tuple(suggest(model, answers, gpu, precision, per_rank, budget, chosen))
+    est = chosen.estimate
+    return Plan(answers=answers, gpu=gpu, model_name=model.name, params=model.params, hidden_size=model.hidden_size,
+                precision=precision, world_size=world, stage=chosen.stage, offload_optimizer=chosen.offload_optimizer,
+                offload_param=chosen.offload_param, gradient_checkpointing=chosen.gradient_checkpointing,
+                micro_batch=chosen.micro_batch, grad_accum=accum, global_batch=chosen.micro_batch * accum * world,
+                peak_gib=round(est.peak_gib, 2), fits=chosen.fits, breakdown_gib=est.breakdown_gib(),
+                cpu_gib=round(est.cpu_gib, 2), decisions=tuple(decisions), alternatives=tuple(alternatives),
+                suggestions=suggestions)

@@ -1,0 +1,299 @@
+"""The wizard's questions as data: what to ask, when, with which default and validation.
+
+No prompting happens here (zerofit.wizard.prompts turns these records into questionary prompts), so
+every ``when``/``validate``/``default`` is a plain function of the answers so far and can be
+unit-tested without a terminal. ``answers`` is always a dict of Answers field -> typed value,
+starting from the pre-filled Answers (flags, answers file, detected GPU).
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+from zerofit.planning.answers import LAUNCHERS, OFFLOAD_DEVICES, PRECISIONS, Answers, answers_to_dict
+from zerofit.hardware import CATALOG, lookup
+from zerofit.errors import ZerofitError
+
+Validator = Callable[[str, dict], "bool | str"]
+AUTO = "auto"  # select value meaning "planner decides" (stored as None in Answers)
+
+
+def _always(answers: dict) -> bool:
+    return True
+
+
+def _accept(text: str, answers: dict) -> bool | str:
+    return True
+
+
+def _identity(text: Any) -> Any:
+    return text
+
+
+@dataclass(frozen=True)
+class Question:
+    """One prompt. ``default`` and ``message`` may be callables of the answers so far."""
+
+    name: str                                   # the Answers field it fills
+    kind: str                                   # text | select | confirm | autocomplete
+    message: str | Callable[[dict], str]
+    default: Any = None
+    choices: tuple[tuple[Any, str], ...] = ()   # (value, title); autocomplete: (name, meta)
+    when: Callable[[dict], bool] = _always
+    validate: Validator = _accept               # cheap, runs as the user types (text kinds)
+    convert: Callable[[Any], Any] = _identity   # prompt result -> Answers value
+    check: Callable[[Any], "bool | str"] | None = None  # slow check after Enter (may do I/O)
+
+
+def default_for(q: Question, answers: dict) -> Any:
+    """The Answers-typed default of ``q`` given the answers so far."""
+    return q.default(answers) if callable(q.default) else q.default
+
+
+def message_for(q: Question, answers: dict) -> str:
+    return q.message(answers) if callable(q.message) else q.message
+
+
+def to_text(value: Any) -> str:
+    """How a typed default is shown in a text prompt (None -> empty, i.e. "planner decides")."""
+    return "" if value is None else str(value)
+
+
+def apply_defaults(questions: Sequence[Question], answers: dict) -> dict:
+    """Answer every asked question with its default (``--defaults``): the same walk the prompts do."""
+    start, answers = answers, dict(answers)
+    for q in questions:
+        if q.when(answers):
+            answers[q.name] = default_for(q, answers)
+    return settle(answers, start)
+
+
+def gpu_precision(gpu: str) -> str:
+    """What ``precision: null`` resolves to on ``gpu`` (the planner's rule, shown as the default)."""
+    return "bf16" if lookup(gpu).bf16 else "fp16"
+
+
+def settle(answers: dict, start: dict) -> dict:
+    """Keep ``None`` ("derive it") where the user accepted the derived value.
+
+    A precision that was unset and was answered with the GPU's own default stays unset, so
+    answers.yaml keeps following the GPU and matches what `zerofit config` writes for the same flags.
+    """
+    answers = dict(answers)
+    if start.get("precision") is None and answers.get("precision") == gpu_precision(answers["gpu"]):
+        answers["precision"] = None
+    return answers
+
+
+# --- validators: return True or the message shown under the prompt -------------------------
+
+def int_text(lo: int = 1, hi: int = 1 << 30, blank_ok: bool = False) -> Validator:
+    """Validator for a whole number in [lo, hi]; blank allowed when ``blank_ok``."""
+    def check(text: str, answers: dict) -> bool | str:
+        text = text.strip()
+        if not text:
+            return True if blank_ok else f"enter a whole number from {lo}"
+        if not text.isdigit():
+            return "enter a whole number" + (" (or leave blank)" if blank_ok else "")
+        if not lo <= int(text) <= hi:
+            return f"use {lo}-{hi}"
+        return True
+    return check
+
+
+def _optional_int(text: Any) -> int | None:
+    text = str(text).strip()
+    return int(text) if text else None
+
+
+def _validate_model(text: str, answers: dict) -> bool | str:
+    ref = text.strip()
+    if not ref:
+        return "enter a built-in name (Tab completes), a config.json, a model directory or a hub id"
+    if " " in ref:
+        return "no spaces in a model reference"
+    looks_local = ref.startswith(("/", "./", "../", "~")) or ref.endswith(".json")
+    if looks_local and not os.path.exists(os.path.expanduser(ref)):
+        return f"no such file or directory: {ref}"
+    return True
+
+
+def _check_model(ref: str) -> bool | str:
+    """Resolve the model once after Enter, so a typo is caught here and not after every question."""
+    from zerofit.models.resolve import resolve_model  # local: resolution may need transformers or the hub
+    try:
+        resolve_model(ref)
+    except ZerofitError as err:
+        return err.render()
+    return True
+
+
+def _validate_host(text: str, answers: dict) -> bool | str:
+    text = text.strip()
+    if not text:
+        return "enter the main node's address (IP or hostname every node can reach)"
+    # One colon is host:port; IPv6 addresses have several.
+    if any(c.isspace() for c in text) or "://" in text or text.count(":") == 1:
+        return "address only: no scheme, port or spaces (the port is the next question)"
+    return True
+
+
+def _validate_seq_len(text: str, answers: dict) -> bool | str:
+    ok = int_text(16, 1 << 20)(text, answers)
+    if ok is not True:
+        return ok
+    if answers.get("workload") == "grpo" and int(text) <= answers.get("completion_len", 0):
+        return f"must exceed the completion length {answers['completion_len']} (prompt + completion)"
+    return True
+
+
+def _validate_global_batch(text: str, answers: dict) -> bool | str:
+    ok = int_text(blank_ok=True)(text, answers)
+    if ok is not True or not text.strip():
+        return ok
+    value, world = int(text), answers["gpus_per_node"] * answers["num_nodes"]
+    # DeepSpeed asserts train_batch_size == micro * accum * world_size at start-up.
+    if value % world:
+        return f"must be a multiple of the {world} GPUs (micro batch x accumulation x GPUs)"
+    if answers.get("workload") == "grpo" and value % answers["num_generations"]:
+        return f"must be a multiple of num_generations ({answers['num_generations']})"
+    return True
+
+
+def _default_seq_len(base: Answers) -> Callable[[dict], int]:
+    def default(answers: dict) -> int:
+        if answers.get("workload") == "grpo" and base.seq_len <= answers["completion_len"]:
+            return answers["completion_len"] + 512  # room for a typical prompt
+        return base.seq_len
+    return default
+
+
+def _default_global_batch(base: Answers) -> Callable[[dict], int | None]:
+    def default(answers: dict) -> int | None:
+        if base.global_batch is None:
+            return None
+        return base.global_batch if _validate_global_batch(str(base.global_batch), answers) is True else None
+    return default
+
+
+def _default_precision(base: Answers) -> Callable[[dict], str]:
+    def default(answers: dict) -> str:
+        if base.precision:
+            return base.precision
+        return gpu_precision(answers["gpu"])
+    return default
+
+
+def _precision_message(answers: dict) -> str:
+    spec = lookup(answers["gpu"])
+    return f"Precision ({spec.key} {'supports' if spec.bf16 else 'has no'} bf16)"
+
+
+def _multi_node(answers: dict) -> bool:
+    return answers["num_nodes"] > 1
+
+
+def _grpo(answers: dict) -> bool:
+    return answers["workload"] == "grpo"
+
+
+_LAUNCHER_TITLES = {
+    "accelerate": "accelerate launch --machine_rank R (one command per node)",
+    "torchrun": "torchrun --nnodes/--node_rank (plain torchrun, c10d rendezvous)",
+    "env": "environment variables MASTER_ADDR/RANK/... (your own launcher)",
+    "slurm": "Slurm sbatch script (srun, rank from SLURM_NODEID)",
+    "deepspeed": "deepspeed launcher with a hostfile (needs pdsh + passwordless ssh)",
+}
+_WORKLOAD_TITLES = {"sft": "sft  - supervised fine-tuning", "dpo": "dpo  - preference pairs + reference model",
+                    "grpo": "grpo - RL: generate completions, score, update"}
+
+
+def gpu_choices() -> tuple[tuple[str, str], ...]:
+    """(key, title) for every catalog GPU, e.g. ('A100-80GB', 'A100-80GB  NVIDIA A100 80GB, 79.3 GiB, bf16')."""
+    width = max(len(k) for k in CATALOG)
+    return tuple((g.key, f"{g.key:<{width}}  {g.name}, {g.memory_gib:g} GiB, {'bf16' if g.bf16 else 'no bf16'}")
+                 for g in CATALOG.values())
+
+
+def build_questions(base: Answers, detected: tuple[str | None, int] = (None, 0),
+                    models: Sequence[tuple[str, str]] = ()) -> tuple[Question, ...]:
+    """The wizard's questions, in order, with defaults taken from ``base``.
+
+    Args:
+        base: pre-filled Answers (flags, answers file and detected GPU already applied).
+        detected: ``hardware.detect_local_gpus()`` result, only used to say what was found.
+        models: (name, description) of built-in models, offered as completions.
+    """
+    key, count = detected
+    found = f" (detected {count} x {key})" if key else (f" (detected {count} unknown GPUs)" if count else "")
+    return (
+        Question("model", "autocomplete", "Model: built-in name (Tab completes), config.json, model dir or hub id",
+                 base.model, choices=tuple(models), validate=_validate_model, convert=str.strip, check=_check_model),
+        Question("gpu", "select", "GPU" + found, lookup(base.gpu).key, choices=gpu_choices()),
+        Question("gpus_per_node", "text", "GPUs per node" + (f" (detected {count})" if count else ""),
+                 base.gpus_per_node, validate=int_text(1, 64), convert=int),
+        Question("num_nodes", "text", "Number of nodes", base.num_nodes, validate=int_text(1, 4096), convert=int),
+        Question("main_process_ip", "text", "Main node address (IP or hostname, same on every node)",
+                 base.main_process_ip, when=_multi_node, validate=_validate_host, convert=str.strip),
+        Question("main_process_port", "text", "Main node port (free and reachable from every node)",
+                 base.main_process_port, when=_multi_node, validate=int_text(1, 65535), convert=int),
+        Question("launcher", "select", "Launch with", base.launcher, when=_multi_node,
+                 choices=tuple((n, _LAUNCHER_TITLES[n]) for n in LAUNCHERS)),
+        Question("workload", "select", "Workload", base.workload,
+                 choices=tuple((n, t) for n, t in _WORKLOAD_TITLES.items())),
+        Question("num_generations", "text", "GRPO completions per prompt (num_generations)", base.num_generations,
+                 when=_grpo, validate=int_text(2, 1024), convert=int),
+        Question("completion_len", "text", "GRPO generated tokens per completion", base.completion_len,
+                 when=_grpo, validate=int_text(1, 1 << 20), convert=int),
+        Question("seq_len", "text", lambda a: "Sequence length in tokens" + (" (prompt + completion)" if _grpo(a) else ""),
+                 _default_seq_len(base), validate=_validate_seq_len, convert=int),
+        Question("global_batch", "text",
+                 lambda a: f"Global batch, sequences per optimizer step on all {a['gpus_per_node'] * a['num_nodes']} GPUs"
+                           " (blank: planner picks)",
+                 _default_global_batch(base), validate=_validate_global_batch, convert=_optional_int),
+        Question("precision", "select", _precision_message, _default_precision(base),
+                 choices=tuple((p, p) for p in PRECISIONS)),
+    )
+
+
+def _auto(value: Any) -> Any:
+    return None if value == AUTO else value
+
+
+# Decisions the plan review lets the user override: name -> label shown in the menu.
+OVERRIDABLE = {"stage": "ZeRO stage", "offload_optimizer": "optimizer offload",
+               "offload_param": "parameter offload", "gradient_checkpointing": "gradient checkpointing",
+               "micro_batch": "micro batch per GPU"}
+
+
+def override_question(name: str, current: Any, planned: Any) -> Question:
+    """The follow-up question after choosing to override ``name``; 'auto' hands it back to the planner.
+
+    ``current`` is the Answers value (None when the planner decides), ``planned`` what the plan chose.
+    """
+    label = "New " + OVERRIDABLE[name]
+    default = AUTO if current is None else current
+    auto_title = f"auto (planner decides; now {planned})"
+    if name == "stage":
+        choices = ((AUTO, auto_title),) + tuple((s, f"ZeRO-{s}") for s in (0, 1, 2, 3))
+    elif name in ("offload_optimizer", "offload_param"):
+        choices = ((AUTO, auto_title),) + tuple((d, d) for d in OFFLOAD_DEVICES)
+    elif name == "gradient_checkpointing":
+        choices = ((AUTO, auto_title), (True, "on (recompute activations, ~30% slower)"), (False, "off"))
+    else:
+        return Question(name, "text", f"{label} (blank: planner decides; now {planned})", current,
+                        validate=int_text(1, 4096, blank_ok=True), convert=_optional_int)
+    return Question(name, "select", label, default, choices=choices, convert=_auto)
+
+
+def nvme_question(current: str | None) -> Question:
+    """Asked after an override picks nvme offload and no path is set yet."""
+    return Question("nvme_path", "text", "NVMe directory for offload (fast local disk on every node)",
+                    current or "/local_nvme", validate=lambda t, a: True if t.strip().startswith("/") else
+                    "an absolute path, e.g. /local_nvme", convert=str.strip)
+
+
+def start_answers(base: Answers) -> dict:
+    """The answers-so-far dict the questions start from."""
+    return answers_to_dict(base)

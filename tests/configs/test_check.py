@@ -1,0 +1,199 @@
+"""check: every problem at once with path + fix; key tables equal the installed DeepSpeed/accelerate; fuzz.
+
+    .venv/bin/python -m pytest tests/configs/test_check.py -q
+"""
+from __future__ import annotations
+
+import io
+import json
+import re
+import typing
+from contextlib import redirect_stderr, redirect_stdout
+from pathlib import Path
+
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from zerofit.configs import check_tables as T
+from zerofit.configs.check import check_accelerate, check_deepspeed, check_files
+from zerofit.cli.main import main
+
+GOOD_DS = {"train_batch_size": 16, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
+           "bf16": {"enabled": True}, "zero_optimization": {"stage": 2, "overlap_comm": True}}
+GOOD_YAML = {"compute_environment": "LOCAL_MACHINE", "distributed_type": "DEEPSPEED", "num_machines": 1,
+             "num_processes": 8, "machine_rank": 0, "deepspeed_config": {"deepspeed_config_file": "ds.json"}}
+
+
+def paths(problems):
+    return sorted(p.path for p in problems)
+
+
+# ---------------------------------------------------------------- tables == installed classes
+def _tag(annotation) -> str:
+    import enum
+    import pathlib
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    ann = args[0] if args else annotation
+    if isinstance(ann, type) and issubclass(ann, enum.Enum):
+        return "stage" if issubclass(ann, int) else "device"
+    return {bool: "bool", int: "int", float: "float", str: "str", pathlib.Path: "path"}.get(ann, "dict")
+
+
+@pytest.mark.parametrize("table,model", [
+    (T.ZERO, "deepspeed.runtime.zero.config:DeepSpeedZeroConfig"),
+    (T.OFFLOAD_PARAM, "deepspeed.runtime.zero.offload_config:DeepSpeedZeroOffloadParamConfig"),
+    (T.OFFLOAD_OPTIMIZER, "deepspeed.runtime.zero.offload_config:DeepSpeedZeroOffloadOptimizerConfig"),
+    (T.BF16, "deepspeed.runtime.precision_config:DeepSpeedBF16Config"),
+    (T.FP16, "deepspeed.runtime.precision_config:DeepSpeedFP16Config"),
+])
+def test_deepspeed_tables_equal_pydantic_models(table, model):
+    import importlib
+    mod, cls = model.split(":")
+    fields = getattr(importlib.import_module(mod), cls).model_fields
+    expected = {}
+    for name, f in fields.items():
+        for key in {name, f.alias or name}:
+            expected[key] = _tag(f.annotation)
+    assert table == expected
+
+
+def test_top_level_keys_are_read_by_deepspeed():
+    import deepspeed
+    root = Path(deepspeed.__file__).parent
+    source = "\n".join(p.read_text(errors="ignore") for p in root.rglob("*.py"))
+    missing = [k for k in T.DS_TOP if f'"{k}"' not in source and f"'{k}'" not in source]
+    assert missing == []
+
+
+def test_accelerate_tables_equal_cluster_config_and_launch_flags():
+    from accelerate.commands.config.config_args import ClusterConfig
+    from accelerate.commands.launch import launch_command_parser
+    from accelerate.utils import DistributedType
+    assert set(T.ACCELERATE_KEYS) == set(ClusterConfig.__dataclass_fields__)
+    flags = {o[2:] for a in launch_command_parser()._actions for o in a.option_strings}
+    assert set(T.ACCELERATE_DS_KEYS) <= flags and set(T.DS_FILE_CONFLICTS) <= flags
+    assert set(T.DISTRIBUTED_TYPES) == {d.value for d in DistributedType}
+
+
+# ---------------------------------------------------------------- behaviour
+def test_clean_pair_has_no_problems():
+    texts = {"ds.json": json.dumps(GOOD_DS), "acc.yaml": yaml.safe_dump(GOOD_YAML)}
+    assert check_files(texts, exists=lambda p: True) == []
+
+
+def test_reports_every_problem_at_once_with_fixes():
+    ds = {"train_batch_size": 10, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
+          "gradient_clipping": "1.0", "bf16": {"enabled": True},
+          "zero_optimization": {"stage": 2, "overlap_com": True, "offload_param": {"device": "cpu"},
+                                "offload_optimizer": {"device": "nvme"}}}
+    acc = dict(GOOD_YAML, num_processes=6, num_machines=4, mixed_precision="bf16", main_process_ip="10.0.0.1",
+               main_process_port=29500, num_procs=2)
+    problems = check_files({"ds.json": json.dumps(ds), "acc.yaml": yaml.safe_dump(acc)}, gpu_bf16=False,
+                           exists=lambda p: False)
+    by_path = {p.path: p for p in problems}
+    assert by_path["ds.json:zero_optimization.overlap_com"].fix == "did you mean 'overlap_comm'?"
+    assert "needs ZeRO stage 3" in by_path["ds.json:zero_optimization.offload_param"].message
+    assert "nvme_path" in by_path["ds.json:zero_optimization.offload_optimizer.nvme_path"].fix
+    assert "is not a number" in by_path["ds.json:gradient_clipping"].message
+    assert "no bf16" in by_path["ds.json:bf16.enabled"].message
+    assert "did you mean 'num_processes'?" == by_path["acc.yaml:num_procs"].fix
+    assert "TOTAL" in by_path["acc.yaml:num_processes"].fix
+    assert "refuses mixed_precision" in by_path["acc.yaml:mixed_precision"].message
+    assert "does not exist" in by_path["acc.yaml:deepspeed_config.deepspeed_config_file"].message
+    assert "pdsh" in by_path["acc.yaml:deepspeed_config.deepspeed_multinode_launcher"].message
+    for p in problems:
+        assert re.match(r"^\S+: .+ \(fix: .+\)$", p.render())
+
+
+def test_batch_arithmetic_uses_world_from_yaml():
+    ds = dict(GOOD_DS, train_batch_size=12)  # 2 x 1 x 8 = 16
+    problems = check_files({"ds.json": json.dumps(ds), "acc.yaml": yaml.safe_dump(GOOD_YAML)})
+    assert [p.fix for p in problems] == ["set train_batch_size to 16"]
+    alone = check_deepspeed(dict(GOOD_DS, train_batch_size=15))  # not a multiple of 2 x 1
+    assert paths(alone) == ["ds_config.json:train_batch_size"]
+
+
+def test_auto_warns_unless_trainer_and_errors_where_nobody_fills_it():
+    ds = dict(GOOD_DS, train_batch_size="auto", zero_optimization={"stage": "auto"})
+    warn = check_deepspeed(ds)
+    assert {p.path: p.severity for p in warn} == {"ds_config.json:train_batch_size": "warning",
+                                                  "ds_config.json:zero_optimization.stage": "error"}
+    assert paths(check_deepspeed(ds, trainer=True)) == ["ds_config.json:zero_optimization.stage"]
+
+
+def test_zero3_init_flag_with_stage2_and_single_gpu_per_node_warning():
+    acc = dict(GOOD_YAML, deepspeed_config={"deepspeed_config_file": "ds.json", "zero3_init_flag": True})
+    problems = check_files({"ds.json": json.dumps(GOOD_DS), "acc.yaml": yaml.safe_dump(acc)})
+    assert [p.severity for p in problems] == ["warning"] and "zero3_init_flag" in problems[0].path
+    multi = check_accelerate(dict(GOOD_YAML, num_machines=2, num_processes=2, main_process_ip="h", main_process_port=1,
+                                  deepspeed_config={"deepspeed_config_file": "d.json",
+                                                    "deepspeed_multinode_launcher": "standard"}))
+    assert [p.severity for p in multi] == ["warning"]
+
+
+def test_unreadable_files_are_problems_not_exceptions():
+    got = check_files({"a.json": "{not json", "b.yaml": "- just a list", "c.json": "[]"})
+    assert [p.severity for p in got] == ["unreadable"] * 3
+
+
+# ---------------------------------------------------------------- fuzz
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-10, 10**10) | st.floats(allow_nan=False) | st.text(max_size=8)
+    | st.sampled_from(["auto", "cpu", "nvme", "none", "DEEPSPEED"]),
+    lambda children: st.lists(children, max_size=3) | st.dictionaries(
+        st.sampled_from(list(T.DS_TOP) + list(T.ZERO)[:12] + list(T.ACCELERATE_KEYS)[:12] + ["device", "nvme_path",
+                        "enabled", "deepspeed_config_file", "x"]), children, max_size=5),
+    max_leaves=20)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.dictionaries(st.sampled_from(list(T.DS_TOP) + list(T.ACCELERATE_KEYS) + ["junk"]), json_values,
+                       max_size=8), st.booleans(), st.sampled_from([None, True, False]))
+def test_fuzz_dicts_never_raise(cfg, trainer, bf16):
+    texts = {"f.json": json.dumps(cfg), "f.yaml": yaml.safe_dump(cfg)}
+    for result in (check_files(texts, gpu_bf16=bf16, trainer=trainer, exists=lambda p: False),
+                   check_deepspeed(cfg), check_accelerate(cfg)):
+        assert isinstance(result, list)
+        assert all(p.render() for p in result)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(max_size=200), st.sampled_from(["x.json", "x.yaml", "x.yml", "x.txt"]))
+def test_fuzz_text_never_raises(text, name):
+    assert isinstance(check_files({name: text}), list)
+
+
+def _run_cli(argv):
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(err):
+        try:
+            code = main(argv)
+        except SystemExit as exc:  # argparse --help
+            code = exc.code or 0
+    return code, out.getvalue() + err.getvalue()
+
+
+FLAG_POOL = ["--stage", "0", "1", "3", "7", "--offload-optimizer", "cpu", "nvme", "--offload-param", "--gpu", "V100",
+             "H100", "nope", "--precision", "bf16", "fp16", "--micro-batch", "-2", "4", "--nodes", "2",
+             "--gpus-per-node", "x", "--flavour", "auto", "--json", "--force", "--defaults", "--trainer",
+             "--nvme-path", "/nvme", "--global-batch", "--seq-len", "--answers", "missing.yaml", "--bogus", "--",
+             "--model", "qwen2.5-72b", "/no/such/dir", "--workload", "grpo", "dpo", "--num-generations", "3",
+             "--gradient-checkpointing", "--no-gradient-checkpointing", "--headroom", "1.5", "0.5"]
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.sampled_from(["config", "check", "estimate", "plan"]), st.lists(st.sampled_from(FLAG_POOL), max_size=8),
+       st.booleans())
+def test_fuzz_cli_flags_exit_cleanly(tmp_path_factory, command, flags, with_file):
+    d = tmp_path_factory.mktemp("cli")
+    argv = [command]
+    if command == "config":
+        argv += ["--out", str(d / "out")]
+    elif with_file:
+        (d / "a.json").write_text(json.dumps(GOOD_DS))
+        argv.append(str(d / "a.json"))
+    code, text = _run_cli(argv + flags)
+    assert code in (0, 1, 2), (argv + flags, code, text)
+    assert "Traceback" not in text

@@ -1,0 +1,126 @@
+"""build_zero_config: every stage x offload x precision, both flavours; DeepSpeed's own config class accepts them.
+
+    .venv/bin/python -m pytest tests/configs/test_deepspeed_json.py -q
+"""
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from conftest import build_plan
+from zerofit.errors import ZerofitError
+from zerofit.configs.deepspeed_json import build_zero_config
+
+COMBOS = [(s, o, p, prec) for s, o, p, prec in itertools.product((0, 1, 2, 3), ("none", "cpu", "nvme"),
+                                                                 ("none", "cpu", "nvme"), ("bf16", "fp16", "fp32"))
+          if (p == "none" or s == 3) and (o == "none" or s > 0)]
+
+
+def _plan(stage, opt="none", par="none", precision="bf16", flavour="explicit", **kw):
+    nvme = "/local_nvme" if "nvme" in (opt, par) else None
+    return build_plan(hidden_size=kw.pop("hidden_size", 4096), gpus_per_node=kw.pop("gpus", 8), stage=stage,
+                      offload_optimizer=opt, offload_param=par, precision=precision, flavour=flavour,
+                      nvme_path=nvme, micro_batch=kw.pop("micro", 4), grad_accum=kw.pop("accum", 3), **kw)
+
+
+def substitute_auto(ds: dict, hidden: int, micro: int, accum: int, world: int) -> dict:
+    """Fill "auto" the way accelerate/HF Trainer do, so DeepSpeed's config class can read it."""
+    import copy
+    ds = copy.deepcopy(ds)
+    fills = {"train_micro_batch_size_per_gpu": micro, "gradient_accumulation_steps": accum,
+             "train_batch_size": micro * accum * world, "gradient_clipping": 1.0}
+    for k, v in fills.items():
+        if ds.get(k) == "auto":
+            ds[k] = v
+    z = ds["zero_optimization"]
+    for k, v in {"reduce_bucket_size": hidden * hidden, "stage3_prefetch_bucket_size": int(0.9 * hidden * hidden),
+                 "stage3_param_persistence_threshold": 10 * hidden}.items():
+        if z.get(k) == "auto":
+            z[k] = v
+    return ds
+
+
+def deepspeed_accepts(ds: dict, world: int):
+    """Parse ``ds`` with deepspeed.runtime.config.DeepSpeedConfig at ``world`` processes; return it."""
+    from unittest import mock
+
+    from deepspeed.runtime.config import DeepSpeedConfig
+    with mock.patch("deepspeed.comm.get_rank", return_value=0), \
+            mock.patch("deepspeed.comm.get_world_size", return_value=world):
+        return DeepSpeedConfig(ds)
+
+
+@pytest.mark.parametrize("stage,opt,par,precision", COMBOS)
+@pytest.mark.parametrize("flavour", ["explicit", "auto"])
+def test_every_combination_is_valid_for_deepspeed(stage, opt, par, precision, flavour):
+    ds = build_zero_config(_plan(stage, opt, par, precision, flavour))
+    cfg = deepspeed_accepts(substitute_auto(ds, 4096, 4, 3, 8), world=8)
+    assert cfg.zero_optimization_stage == stage
+    assert cfg.train_batch_size == 4 * 3 * 8
+    assert cfg.bfloat16_config.enabled == (precision == "bf16")
+    assert cfg.float16_config.enabled == (precision == "fp16")
+    z = cfg.zero_config
+    assert (z.offload_optimizer.device if z.offload_optimizer else "none") == opt
+    assert (z.offload_param.device if z.offload_param else "none") == par
+    assert "optimizer" not in ds and "scheduler" not in ds  # the script's own optimizer is used
+
+
+def test_explicit_batch_arithmetic_and_clipping():
+    ds = build_zero_config(_plan(2, micro=4, accum=3, gpus=8))
+    assert (ds["train_batch_size"], ds["train_micro_batch_size_per_gpu"], ds["gradient_accumulation_steps"]) == (96, 4, 3)
+    assert ds["gradient_clipping"] == 1.0
+    z = ds["zero_optimization"]
+    assert z["overlap_comm"] is True and z["contiguous_gradients"] is True
+    assert z["reduce_bucket_size"] == 500_000_000 and z["allgather_bucket_size"] == 500_000_000
+
+
+def test_auto_flavour_fills_auto_only_where_it_resolves_to_ds_defaults():
+    ds2 = build_zero_config(_plan(2, flavour="auto"))
+    assert ds2["train_batch_size"] == ds2["train_micro_batch_size_per_gpu"] == "auto"
+    assert ds2["gradient_accumulation_steps"] == ds2["gradient_clipping"] == "auto"
+    # stage 2: "auto" would become hidden² (16.7M), not the 5e8 the memory model counts -> stays numeric
+    assert ds2["zero_optimization"]["reduce_bucket_size"] == 500_000_000
+    z3 = build_zero_config(_plan(3, flavour="auto"))["zero_optimization"]
+    assert z3["reduce_bucket_size"] == z3["stage3_prefetch_bucket_size"] == "auto"
+    assert z3["stage3_param_persistence_threshold"] == "auto"
+    assert z3["stage3_max_live_parameters"] == 1_000_000_000
+
+
+def test_stage3_explicit_buckets_follow_hidden_size():
+    z = build_zero_config(_plan(3, hidden_size=1024))["zero_optimization"]
+    assert z["reduce_bucket_size"] == 1024 * 1024
+    assert z["stage3_prefetch_bucket_size"] == int(0.9 * 1024 * 1024)
+    assert z["stage3_param_persistence_threshold"] == 10240
+    assert z["stage3_gather_16bit_weights_on_model_save"] is True
+
+
+def test_offload_blocks_pin_memory_and_nvme_path():
+    z = build_zero_config(_plan(3, "nvme", "cpu"))["zero_optimization"]
+    assert z["offload_optimizer"] == {"device": "nvme", "pin_memory": True, "nvme_path": "/local_nvme"}
+    assert z["offload_param"] == {"device": "cpu", "pin_memory": True}
+    z2 = build_zero_config(_plan(2, "cpu"))["zero_optimization"]
+    assert "offload_param" not in z2 and "stage3_gather_16bit_weights_on_model_save" not in z2
+
+
+def test_fp16_has_dynamic_loss_scaling_and_fp32_has_no_precision_block():
+    assert build_zero_config(_plan(1, precision="fp16"))["fp16"]["loss_scale"] == 0
+    ds = build_zero_config(_plan(1, precision="fp32"))
+    assert "bf16" not in ds and "fp16" not in ds
+
+
+def test_nvme_without_path_is_a_user_error():
+    from dataclasses import replace
+    plan = _plan(2, "cpu")
+    plan = replace(plan, offload_optimizer="nvme")  # a plan whose answers carry no nvme_path
+    with pytest.raises(ZerofitError, match="nvme_path"):
+        build_zero_config(plan)
+
+
+def test_comment_key_is_accepted_by_deepspeed_top_level_only():
+    ds = build_zero_config(_plan(2))
+    assert ds["_comment"].startswith("zerofit: ZeRO stage 2")
+    deepspeed_accepts(ds, world=8)  # unknown top-level keys are ignored
+    ds["zero_optimization"]["_comment"] = "x"
+    with pytest.raises(Exception, match="xtra|_comment"):
+        deepspeed_accepts(ds, world=8)  # zero_optimization is a pydantic model with extra="forbid"

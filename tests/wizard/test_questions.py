@@ -1,0 +1,166 @@
+"""The wizard's questions as data: when / validate / defaults, no terminal involved.
+
+Run: .venv/bin/python -m pytest tests/wizard/test_questions.py -q
+"""
+from __future__ import annotations
+
+import pytest
+
+from zerofit.planning.answers import Answers, answers_from_dict
+from zerofit.wizard.questions import (AUTO, apply_defaults, build_questions, default_for, gpu_choices, int_text,
+                               message_for, nvme_question, override_question, settle, start_answers)
+
+
+def qmap(base: Answers = Answers(), detected=(None, 0)):
+    return {q.name: q for q in build_questions(base, detected)}
+
+
+def answers(**changes) -> dict:
+    return {**start_answers(Answers()), **changes}
+
+
+def test_order_follows_the_issue():
+    names = [q.name for q in build_questions(Answers())]
+    assert names == ["model", "gpu", "gpus_per_node", "num_nodes", "main_process_ip", "main_process_port",
+                     "launcher", "workload", "num_generations", "completion_len", "seq_len", "global_batch",
+                     "precision"]
+
+
+@pytest.mark.parametrize("name", ["main_process_ip", "main_process_port", "launcher"])
+def test_multi_node_questions_only_for_more_than_one_node(name):
+    q = qmap()[name]
+    assert q.when(answers(num_nodes=1)) is False
+    assert q.when(answers(num_nodes=2)) is True
+
+
+@pytest.mark.parametrize("name", ["num_generations", "completion_len"])
+def test_grpo_questions_only_for_grpo(name):
+    q = qmap()[name]
+    assert [q.when(answers(workload=w)) for w in ("sft", "dpo", "grpo")] == [False, False, True]
+
+
+def test_int_validation_messages():
+    v = int_text(1, 64)
+    assert v("8", {}) is True
+    assert v(" 8 ", {}) is True
+    assert v("", {}) == "enter a whole number from 1"
+    assert v("8x", {}) == "enter a whole number"
+    assert v("0", {}) == "use 1-64"
+    assert v("65", {}) == "use 1-64"
+    assert int_text(blank_ok=True)("", {}) is True
+
+
+def test_port_range():
+    v = qmap()["main_process_port"].validate
+    assert v("29500", {}) is True
+    assert v("70000", {}) == "use 1-65535"
+
+
+def test_host_validation():
+    v = qmap()["main_process_ip"].validate
+    assert v("10.0.0.1", {}) is True
+    assert v("node-001.cluster", {}) is True
+    assert v("fe80::1", {}) is True
+    assert "no scheme, port" in v("10.0.0.1:29500", {})
+    assert "no scheme, port" in v("tcp://10.0.0.1", {})
+    assert "main node's address" in v("", {})
+
+
+def test_model_validation(tmp_path):
+    v = qmap()["model"].validate
+    assert v("qwen2.5-7b", {}) is True
+    assert v("Qwen/Qwen2.5-7B", {}) is True  # hub ids are resolved after Enter, not while typing
+    assert v(str(tmp_path), {}) is True
+    assert v(str(tmp_path / "missing" / "config.json"), {}).startswith("no such file or directory")
+    assert v("my model", {}) == "no spaces in a model reference"
+    assert v("", {}).startswith("enter a built-in name")
+
+
+def test_seq_len_must_leave_room_for_the_prompt_in_grpo():
+    v = qmap()["seq_len"].validate
+    assert v("256", answers(workload="grpo", completion_len=256)) == \
+        "must exceed the completion length 256 (prompt + completion)"
+    assert v("257", answers(workload="grpo", completion_len=256)) is True
+    assert v("256", answers(workload="sft", completion_len=256)) is True
+    assert v("8", answers()) == "use 16-1048576"
+
+
+def test_global_batch_arithmetic():
+    v = qmap()["global_batch"].validate
+    assert v("", answers(gpus_per_node=8)) is True  # blank: planner picks
+    assert v("64", answers(gpus_per_node=8, num_nodes=2)) is True
+    assert v("60", answers(gpus_per_node=8, num_nodes=2)) == \
+        "must be a multiple of the 16 GPUs (micro batch x accumulation x GPUs)"
+    assert v("48", answers(gpus_per_node=8, workload="grpo", num_generations=32)) == \
+        "must be a multiple of num_generations (32)"
+    assert qmap()["global_batch"].convert("") is None
+    assert qmap()["global_batch"].convert("64") == 64
+
+
+def test_precision_default_follows_the_gpu():
+    q = qmap()["precision"]
+    assert default_for(q, answers(gpu="H100-SXM")) == "bf16"
+    assert default_for(q, answers(gpu="V100-32GB")) == "fp16"
+    assert message_for(q, answers(gpu="V100-32GB")) == "Precision (V100-32GB has no bf16)"
+    # a precision the user gave wins over the GPU's
+    assert default_for(qmap(Answers(precision="fp32"))["precision"], answers(gpu="H100-SXM")) == "fp32"
+
+
+def test_seq_len_default_grows_past_a_long_completion():
+    q = qmap()["seq_len"]
+    assert default_for(q, answers(workload="grpo", completion_len=4096)) == 4608
+    assert default_for(q, answers(workload="grpo", completion_len=256)) == 2048
+
+
+def test_detected_gpu_is_named_in_the_messages():
+    q = qmap(Answers(gpu="A100-80GB", gpus_per_node=4), detected=("A100-80GB", 4))
+    assert q["gpu"].message == "GPU (detected 4 x A100-80GB)"
+    assert q["gpu"].default == "A100-80GB"
+    assert q["gpus_per_node"].message == "GPUs per node (detected 4)"
+    assert q["gpus_per_node"].default == 4
+
+
+def test_gpu_alias_default_is_the_catalog_key():
+    assert qmap(Answers(gpu="h100"))["gpu"].default == "H100-SXM"
+    assert gpu_choices()[0] == ("B200", "B200       NVIDIA B200 180GB, 178.4 GiB, bf16")
+
+
+def test_apply_defaults_is_the_default_walk():
+    base = Answers(model="qwen2.5-7b", workload="grpo", num_generations=4, global_batch=32, gpus_per_node=8)
+    got = apply_defaults(build_questions(base), start_answers(base))
+    assert answers_from_dict(got) == base  # precision: the GPU's default, so it stays "follow the GPU"
+
+
+def test_apply_defaults_skips_questions_whose_when_is_false():
+    base = Answers(main_process_ip="10.1.1.1")
+    got = apply_defaults(build_questions(base), start_answers(base))
+    assert got["main_process_ip"] == "10.1.1.1" and got["num_nodes"] == 1
+
+
+def test_invalid_prefilled_global_batch_falls_back_to_blank():
+    base = Answers(global_batch=12, gpus_per_node=8)  # 12 is not a multiple of 8 GPUs
+    assert default_for(qmap(base)["global_batch"], start_answers(base)) is None
+
+
+def test_settle_keeps_precision_unset_only_when_it_matches_the_gpu():
+    start = start_answers(Answers())
+    assert settle({**start, "precision": "bf16"}, start)["precision"] is None
+    assert settle({**start, "precision": "fp32"}, start)["precision"] == "fp32"
+    assert settle({**start, "gpu": "V100-32GB", "precision": "bf16"}, start)["precision"] == "bf16"
+    given = start_answers(Answers(precision="bf16"))
+    assert settle({**given, "precision": "bf16"}, given)["precision"] == "bf16"  # the user's own stays
+
+
+def test_override_questions():
+    stage = override_question("stage", None, 2)
+    assert stage.default == AUTO
+    assert stage.choices[0] == (AUTO, "auto (planner decides; now 2)")
+    assert stage.convert(AUTO) is None and stage.convert(3) == 3
+    gc = override_question("gradient_checkpointing", False, False)
+    assert gc.default is False and [v for v, _ in gc.choices] == [AUTO, True, False]
+    micro = override_question("micro_batch", None, 4)
+    assert stage.message == "New ZeRO stage"
+    assert micro.kind == "text" and micro.convert("") is None and micro.convert("2") == 2
+    assert micro.validate("0", {}) == "use 1-4096"
+    nvme = nvme_question(None)
+    assert nvme.default == "/local_nvme" and nvme.validate("nvme", {}) == "an absolute path, e.g. /local_nvme"
