@@ -2,6 +2,16 @@
 PY      := .venv/bin/python
 STAMP   := .venv/.installed
 
+# Where torch comes from. PyPI's `torch==2.13.0` is the CUDA build plus ~15 nvidia wheels (several
+# GB), whatever the machine; a version pin does not pick the CPU build. So on a machine without an
+# NVIDIA driver, PyTorch's CPU wheel index is added (its `2.13.0+cpu` sorts above PyPI's `2.13.0`).
+# Where that index cannot even be resolved (an offline mirror such as this project's CI machine),
+# pip's own configuration must supply the wheel, and asking the index would only cost retries.
+TORCH_CPU_INDEX := https://download.pytorch.org/whl/cpu
+HAS_NVIDIA      := $(shell command -v nvidia-smi >/dev/null 2>&1 && echo yes)
+CPU_INDEX_UP    := $(shell python3 -c 'import socket; socket.getaddrinfo("download.pytorch.org", 443)' >/dev/null 2>&1 && echo yes)
+TORCH_SOURCE    := $(if $(HAS_NVIDIA),,$(if $(CPU_INDEX_UP),--extra-index-url $(TORCH_CPU_INDEX)))
+
 .PHONY: venv demo test bench clean
 
 venv: $(STAMP)
@@ -9,7 +19,10 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml constraints.txt
 	python3 -m venv .venv
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -c constraints.txt torch
+	$(PY) -m pip install -q -c constraints.txt $(TORCH_SOURCE) torch
+	@$(PY) -c 'import torch, sys; gpu = "$(HAS_NVIDIA)"; cuda = torch.version.cuda; \
+	  sys.exit(0) if gpu or cuda is None else \
+	  print(f"warning: torch {torch.__version__} is a CUDA build on a machine without an NVIDIA driver")'
 	$(PY) -m pip install -q -c constraints.txt -e '.[test]'
 	touch $(STAMP)
 
