@@ -63,3 +63,26 @@ def test_out_is_a_file(tmp_path):
     (tmp_path / "f").write_text("")
     with pytest.raises(ZerofitError, match="not a directory"):
         write_files(tmp_path / "f", {"a": "b"})
+
+
+def test_concurrent_writers_never_overwrite_each_other(tmp_path):
+    """Many processes write the same names at once without --force: exactly one wins, the rest
+    fail with the one-line error, and the files on disk are all the winner's."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from zerofit.files import write_files; from zerofit.errors import "
+            "ZerofitError\ntry:\n    write_files(sys.argv[1], {'a.json': sys.argv[2], "
+            "'b.yaml': sys.argv[2]})\n    print('wrote')\nexcept ZerofitError as e:\n"
+            "    print('refused')\n")
+    for attempt in range(5):
+        out = tmp_path / f"run{attempt}"
+        procs = [subprocess.Popen([sys.executable, "-c", code, str(out), f"writer{i}"],
+                                  stdout=subprocess.PIPE, text=True) for i in range(6)]
+        results = [p.communicate(timeout=60)[0].strip() for p in procs]
+        winners = [i for i, r in enumerate(results) if r == "wrote"]
+        assert len(winners) == 1, results
+        assert set(results) <= {"wrote", "refused"}
+        texts = {(out / "a.json").read_text(), (out / "b.yaml").read_text()}
+        assert texts == {f"writer{winners[0]}"}
+        assert sorted(os.listdir(out)) == ["a.json", "b.yaml"]

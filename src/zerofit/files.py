@@ -1,6 +1,7 @@
 """write_files: the one place zerofit writes user files; atomic and never a half-written set."""
 from __future__ import annotations
 
+import errno
 import os
 import tempfile
 from pathlib import Path
@@ -39,16 +40,50 @@ def write_files(outdir, files: dict[str, str], force: bool = False) -> list[Path
     # Stage every file first, then move them all into place: a failure while writing (disk full,
     # permissions) leaves the directory exactly as it was.
     staged: list[tuple[str, Path]] = []
+    placed: list[Path] = []
     try:
         for target, text in zip(targets, files.values()):
             staged.append((_write_temp(target, text), target))
         for tmp, target in staged:
-            os.replace(tmp, target)
+            if force:
+                os.replace(tmp, target)
+            else:
+                _place_exclusive(tmp, target)
+                placed.append(target)
     except BaseException:
         for tmp, _ in staged:
             Path(tmp).unlink(missing_ok=True)
+        for target in placed:  # only files this call created: no other file was touched
+            target.unlink(missing_ok=True)
         raise
     return targets
+
+
+def _place_exclusive(tmp: str, target: Path) -> None:
+    """Move ``tmp`` to ``target`` only if ``target`` does not exist, atomically.
+
+    The existence check above is not enough on its own: two ``zerofit config --out same`` started
+    together both pass it, and the later ``os.replace`` silently overwrote the other's files.
+    ``os.link`` fails with EEXIST instead, so exactly one writer wins each name.
+    """
+    try:
+        os.link(tmp, target)
+    except FileExistsError:
+        raise ZerofitError("--out", f"{target} was created by someone else while zerofit wrote",
+                           "pass --force to overwrite, or choose another --out directory") from None
+    except OSError as exc:
+        if exc.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.EXDEV, errno.EMLINK):
+            raise
+        # A filesystem without hard links: claim the name with an exclusive create, then move
+        # the finished file over our own (empty) claim.
+        try:
+            os.close(os.open(target, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+        except FileExistsError:
+            raise ZerofitError("--out", f"{target} was created by someone else while zerofit wrote",
+                               "pass --force to overwrite, or choose another --out directory") from None
+        os.replace(tmp, target)
+        return
+    os.unlink(tmp)
 
 
 def _write_temp(target: Path, text: str) -> str:
