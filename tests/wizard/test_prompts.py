@@ -121,11 +121,62 @@ def test_a_planner_error_after_an_override_undoes_it():
         return fake_planner(a)
 
     with create_pipe_input() as inp:
-        inp.send_text(DOWN * 3 + "\r" + DOWN * 2 + "\r" + "\r")  # parameter offload -> cpu, then accept
+        # parameter offload -> cpu (refused); the same question comes back: keep auto; accept
+        inp.send_text(DOWN * 3 + "\r" + DOWN * 2 + "\r" + "\r" + "\r")
         term = terminal(inp)
         reviewed, _ = wizard.review_plan(Answers(), planner, term)
     assert reviewed == Answers()
-    assert "offload_param: needs ZeRO-3 (fix: set stage 3) - override undone" in term.console.file.getvalue()
+    shown = term.console.file.getvalue()
+    assert "offload_param: needs ZeRO-3 (fix: set stage 3) - override undone" in shown
+
+
+def test_a_refused_override_asks_the_same_question_not_the_menu():
+    """After a refusal one Enter must not write the files: it answers the re-asked question."""
+    asked = []
+
+    def planner(a):
+        asked.append(a.offload_param)
+        if a.offload_param == "cpu" and a.stage != 3:
+            raise ZerofitError("offload_param", "needs ZeRO-3", "set stage 3")
+        return fake_planner(a)
+
+    with create_pipe_input() as inp:
+        # offload -> cpu (refused), then at the re-asked question pick "none", then accept
+        inp.send_text(DOWN * 3 + "\r" + DOWN * 2 + "\r" + DOWN + "\r" + "\r")
+        term = terminal(inp)
+        reviewed, plan = wizard.review_plan(Answers(), planner, term)
+    assert reviewed.offload_param == "none"
+    assert asked == [None, "cpu", "none"]
+
+
+def test_an_override_answers_refuses_is_asked_again(monkeypatch):
+    """Answers' own validation refusing a value re-asks it instead of returning to the menu."""
+    real = Answers.replace
+    calls = []
+
+    def picky(self, **changes):
+        calls.append(changes)
+        if changes.get("stage") == 0:
+            raise ZerofitError("stage", "0 is refused here", "pick another")
+        return real(self, **changes)
+
+    monkeypatch.setattr(Answers, "replace", picky)
+    with create_pipe_input() as inp:
+        # stage -> ZeRO-0 (refused), asked again -> ZeRO-3, then accept
+        inp.send_text(DOWN + "\r" + DOWN + "\r" + DOWN * 4 + "\r" + "\r")
+        term = terminal(inp)
+        reviewed, _ = wizard.review_plan(Answers(), fake_planner, term)
+    assert reviewed.stage == 3
+    assert [c.get("stage") for c in calls] == [0, 3]
+
+
+def test_loopback_main_address_and_bad_ports_are_warned():
+    assert "loopback" in Q.warn_main_address("127.0.0.1", {"num_nodes": 2})
+    assert Q.warn_main_address("127.0.0.1", {"num_nodes": 1}) is None
+    assert Q.warn_main_address("10.0.0.1", {"num_nodes": 2}) is None
+    assert "ssh" in Q.warn_main_port(22, {})
+    assert "privileged" in Q.warn_main_port(80, {})
+    assert Q.warn_main_port(29500, {}) is None
 
 
 def test_quit_returns_none():

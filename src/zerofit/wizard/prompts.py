@@ -83,6 +83,9 @@ def ask_all(questions: Sequence[Question], answers: dict, term: Terminal) -> dic
         if ok is not True:
             term.console.print(f"[red]{ok}[/red]")
             continue
+        warning = q.warn(value, answers) if q.warn else None
+        if warning:
+            term.console.print(f"[yellow]warning: {warning}[/yellow]")
         answers[q.name] = value
         i += 1
     return answers
@@ -110,29 +113,44 @@ def collect_answers(questions: Sequence[Question], start: dict, term: Terminal |
 # --- plan review -------------------------------------------------------------------------------
 
 def review_plan(answers: Answers, planner: Planner, term: Terminal) -> tuple[Answers, Any] | None:
-    """Show the plan and let the user override decisions until they accept (None: quit)."""
-    previous, plan = None, None
+    """Show the plan and let the user override decisions until they accept (None: quit).
+
+    A rejected override (Answers refuses the value, or the planner refuses the result) asks the
+    same question again: going back to the menu would leave the cursor on "Accept and write the
+    files", and the user's next Enter would write a plan they were still changing.
+    """
+    previous, plan, again, last = None, None, None, None
     while True:
         try:
             new_plan = planner(answers)
         except ZerofitError as err:
             if previous is None:
                 raise
-            term.console.print(f"[red]{err.render()}[/red] - override undone")
-            answers, previous = previous, None
-            continue
-        show_plan(new_plan, term.console, before=plan)
-        plan = new_plan
-        choice = questionary.select("Accept this plan?", choices=_review_choices(plan), **term.io()).unsafe_ask()
+            term.console.print(f"[red]{err.render()}[/red] - override undone, choose again")
+            answers, previous, again = previous, None, last
+        else:
+            show_plan(new_plan, term.console, before=plan)
+            plan, again = new_plan, None
+        choice = again or questionary.select("Accept this plan?", choices=_review_choices(plan),
+                                             **term.io()).unsafe_ask()
         if choice == "accept":
             return answers, plan
         if choice == "quit":
             return None
-        changes = {choice: prompt(override_question(choice, getattr(answers, choice), getattr(plan, choice)), {}, term)}
-        if "nvme" in (changes.get("offload_optimizer"), changes.get("offload_param")) and not answers.nvme_path:
+        previous, last = answers, choice
+        answers = ask_override(choice, answers, plan, term)
+
+
+def ask_override(name: str, answers: Answers, plan, term: Terminal) -> Answers:
+    """Ask for a new value of ``name`` until Answers accepts it ("auto" is always accepted)."""
+    while True:
+        question = override_question(name, getattr(answers, name), getattr(plan, name))
+        changes = {name: prompt(question, {}, term)}
+        nvme_chosen = "nvme" in (changes.get("offload_optimizer"), changes.get("offload_param"))
+        if nvme_chosen and not answers.nvme_path:
             changes["nvme_path"] = prompt(nvme_question(answers.nvme_path), {}, term)
         try:
-            previous, answers = answers, answers.replace(**changes)
+            return answers.replace(**changes)
         except ZerofitError as err:
             term.console.print(f"[red]{err.render()}[/red]")
 

@@ -44,6 +44,7 @@ class Question:
     validate: Validator = _accept               # cheap, runs as the user types (text kinds)
     convert: Callable[[Any], Any] = _identity   # prompt result -> Answers value
     check: Callable[[Any], "bool | str"] | None = None  # slow check after Enter (may do I/O)
+    warn: Callable[[Any, dict], "str | None"] | None = None  # accepted, but worth a warning
 
 
 def default_for(q: Question, answers: dict) -> Any:
@@ -137,6 +138,24 @@ def _validate_host(text: str, answers: dict) -> bool | str:
     if any(c.isspace() for c in text) or "://" in text or text.count(":") == 1:
         return "address only: no scheme, port or spaces (the port is the next question)"
     return True
+
+
+def warn_main_address(addr: str, answers: dict) -> str | None:
+    """A loopback main address in a multi-node plan: every other node would dial itself."""
+    loopback = addr in ("localhost", "::1") or addr.startswith("127.")
+    if loopback and answers.get("num_nodes", 1) > 1:
+        return (f"{addr} is this machine's loopback address: the other nodes cannot reach it; "
+                "use the main node's address on the cluster network")
+    return None
+
+
+def warn_main_port(port: int, answers: dict) -> str | None:
+    """Ports the rendezvous should not use: ssh's, and privileged ones (root-only to bind)."""
+    if port == 22:
+        return "port 22 is ssh's: the rendezvous cannot bind it where sshd runs; use e.g. 29500"
+    if port < 1024:
+        return f"port {port} is privileged (only root may bind it); use a port above 1023, e.g. 29500"
+    return None
 
 
 def _validate_seq_len(text: str, answers: dict) -> bool | str:
@@ -235,9 +254,11 @@ def build_questions(base: Answers, detected: tuple[str | None, int] = (None, 0),
                  base.gpus_per_node, validate=int_text(1, 64), convert=int),
         Question("num_nodes", "text", "Number of nodes", base.num_nodes, validate=int_text(1, 4096), convert=int),
         Question("main_process_ip", "text", "Main node address (IP or hostname, same on every node)",
-                 base.main_process_ip, when=_multi_node, validate=_validate_host, convert=str.strip),
+                 base.main_process_ip, when=_multi_node, validate=_validate_host, convert=str.strip,
+                 warn=warn_main_address),
         Question("main_process_port", "text", "Main node port (free and reachable from every node)",
-                 base.main_process_port, when=_multi_node, validate=int_text(1, 65535), convert=int),
+                 base.main_process_port, when=_multi_node, validate=int_text(1, 65535), convert=int,
+                 warn=warn_main_port),
         Question("launcher", "select", "Launch with", base.launcher, when=_multi_node,
                  choices=tuple((n, _LAUNCHER_TITLES[n]) for n in LAUNCHERS)),
         Question("workload", "select", "Workload", base.workload,
