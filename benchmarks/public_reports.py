@@ -1,7 +1,10 @@
-"""zerofit's OOM verdict against public reports of real full fine-tunes (tests/data/public_reports.jsonl).
+"""zerofit's OOM verdict against public reports of real full fine-tunes.
+
+The reports are tests/data/public_reports.jsonl.
 
 Each report is a run someone described in public (GitHub issue, project README, recipe file): its
-configuration as zerofit Answers, and what really happened (OOM or ran, sometimes a measured number).
+configuration as zerofit Answers, and what really happened (OOM or ran, sometimes a measured
+number).
 This script runs `zerofit estimate` on each one and prints:
 
 - the confusion matrix: real outcome (oom / ran) x predicted (does NOT fit / fits);
@@ -205,7 +208,8 @@ def render(result: dict) -> str:
                                                     else "  BELOW the measured floor")
         lines.append(f"  {x['id']}: {x['kind']} measured {x['measured_gib']:.2f}, predicted "
                      f"{x['predicted_gib']:.2f}, error {100 * x['error']:+.1f}%{note}")
-    lines += ["", "not evaluable yet:"] + [f"  {x['id']}: {x['error']}" for x in result["not_evaluable"]]
+    lines += ["", "not evaluable yet:"]
+    lines += [f"  {x['id']}: {x['error']}" for x in result["not_evaluable"]]
     return "\n".join(lines)
 
 
@@ -214,7 +218,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print machine-readable JSON")
     parser.add_argument("--data", type=Path, default=DATA, help="the reports file (JSONL)")
     parser.add_argument("--gpu-proxies", action="store_true",
-                        help="estimate GPUs the catalog lacks (A800, A40, H20) on a same-memory entry")
+                        help="estimate GPUs the catalog lacks (A800, A40, H20) on a "
+                             "same-memory entry")
     args = parser.parse_args(argv)
     result = evaluate(load_reports(args.data), GPU_PROXIES if args.gpu_proxies else None)
     print(json.dumps(result, indent=2) if args.json else render(result))

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from zerofit.hardware import CATALOG, lookup
 from zerofit.errors import ZerofitError
+from zerofit.hardware import CATALOG, lookup
 from zerofit.models.builtin import BUILTIN_CONFIGS
 from zerofit.planning.answers import Answers, answers_from_dict
 
@@ -38,7 +38,8 @@ GPUS_BEING_ADDED = ("A800", "H800", "H20", "A40", "L20", "MI250X", "MI300X")
 MEASURED_KINDS = ("alloc_lower_bound", "device_used")
 ANSWER_FIELDS = {f.name for f in dataclasses.fields(Answers)}
 
-REPORTS = [json.loads(line) for line in DATA.read_text(encoding="utf-8").splitlines() if line.strip()]
+REPORTS = [json.loads(line) for line in DATA.read_text(encoding="utf-8").splitlines()
+           if line.strip()]
 
 
 def by_id(report: dict) -> str:
@@ -61,7 +62,8 @@ def test_report_has_source_quote_outcome_and_named_inferences(report):
     assert report["outcome"] in ("oom", "ran")
     assert isinstance(report["inferred"], dict)
     for field, reason in report["inferred"].items():
-        assert field and isinstance(reason, str) and reason.strip(), f"inferred {field!r} needs a reason"
+        assert field and isinstance(reason, str) and reason.strip(), \
+            f"inferred {field!r} needs a reason"
     if "measured_gib" in report:
         assert report["measured_gib"] > 0
         assert report["measured_kind"] in MEASURED_KINDS
@@ -81,7 +83,8 @@ def test_answers_load_into_answers(report):
         lookup(gpu)
     except ZerofitError:
         assert gpu in GPUS_BEING_ADDED, f"gpu {gpu!r} is neither in the catalog nor being added"
-        assert any(m.startswith("gpu:") for m in report.get("missing", [])), "say the GPU is missing"
+        assert any(m.startswith("gpu:") for m in report.get("missing", [])), \
+            "say the GPU is missing"
         answers["gpu"] = next(iter(CATALOG))   # check every other field against Answers
     model = answers["model"]
     if model.endswith(".json"):
@@ -113,7 +116,8 @@ def test_report_model_configs_carry_their_shape(path):
 
 
 def test_the_benchmark_drops_only_fields_answers_does_not_know():
-    spec = importlib.util.spec_from_file_location("public_reports", ROOT / "benchmarks" / "public_reports.py")
+    path = ROOT / "benchmarks" / "public_reports.py"
+    spec = importlib.util.spec_from_file_location("public_reports", path)
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     report = REPORTS[0]
