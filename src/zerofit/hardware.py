@@ -1,6 +1,7 @@
 """GPU catalog (memory, precisions, interconnect) and local GPU detection."""
 from __future__ import annotations
 
+import functools
 import shutil
 import subprocess
 from dataclasses import dataclass
@@ -83,3 +84,16 @@ def detect_local_gpus() -> tuple[str | None, int]:
         return None, 0
     names = [n.strip() for n in out.splitlines() if n.strip()]
     return (match_gpu_name(names[0]) if names else None), len(names)
+
+
+@functools.lru_cache(maxsize=None)
+def detect_host_ram_gib(meminfo: str = "/proc/meminfo") -> float | None:
+    """This node's RAM in GiB (``MemTotal`` of /proc/meminfo), or None where it cannot be read."""
+    try:
+        with open(meminfo) as fh:
+            for line in fh:
+                if line.startswith("MemTotal:"):
+                    return int(line.split()[1]) / 1024 ** 2   # the value is in kB (KiB)
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
