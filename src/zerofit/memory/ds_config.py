@@ -50,7 +50,11 @@ def read_ds_config(ds: dict, hidden_size: int) -> dict[str, Any]:
     """
     if not isinstance(ds, dict):
         raise ZerofitError("deepspeed config", "is not a JSON object", "give a DeepSpeed config file")
-    from deepspeed.runtime.zero.config import DeepSpeedZeroConfig   # the defaults DeepSpeed uses
+    import contextlib
+    import io
+    # DeepSpeed logs "Setting accelerator to CPU" to stdout on import; keep --json output clean
+    with contextlib.redirect_stdout(io.StringIO()):
+        from deepspeed.runtime.zero.config import DeepSpeedZeroConfig   # the defaults DeepSpeed uses
 
     zero = ds.get("zero_optimization") or {}
     if not isinstance(zero, dict):
