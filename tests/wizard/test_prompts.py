@@ -141,7 +141,7 @@ def test_defaults_take_the_same_walk_without_prompting():
 
 
 def test_memory_bar_against_capacity():
-    plan = dataclasses.replace(build_plan(gpu="H100-SXM", peak_gib=40.0),
+    plan = dataclasses.replace(build_plan(gpu="H100-SXM", peak_gib=40.0, headroom=0.9),
                                breakdown_gib={"weights": 20.0, "optimizer": 10.0, "activations": 10.0})
     plan = dataclasses.replace(plan, breakdown_gib={**plan.breakdown_gib, "cuda_context (not in peak)": 0.5})
     # 79.6 GiB / 20 cells = 3.98 GiB per cell; the limit (0.9 x 79.6 = 71.6) falls in cell 18
