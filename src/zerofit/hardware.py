@@ -28,10 +28,16 @@ CATALOG: dict[str, GpuSpec] = {g.key: g for g in [
     GpuSpec("H100-NVL", "NVIDIA H100 NVL 94GB", 93.6, True, True, "nvlink", 835),
     GpuSpec("H100-PCIE", "NVIDIA H100 PCIe 80GB", 79.6, True, True, "pcie", 756),
     GpuSpec("H100-SXM", "NVIDIA H100 SXM 80GB", 79.6, True, True, "nvlink", 989),
+    # China-market Hopper/Ampere parts: same memory as their siblings (vendor datasheets)
+    GpuSpec("H800", "NVIDIA H800 80GB", 79.6, True, True, "nvlink", 989),
+    GpuSpec("H20", "NVIDIA H20 96GB", 95.6, True, True, "nvlink", 148),
     GpuSpec("A100-80GB", "NVIDIA A100 80GB", 79.3, True, False, "nvlink", 312),
     GpuSpec("A100-40GB", "NVIDIA A100 40GB", 39.4, True, False, "nvlink", 312),
+    GpuSpec("A800", "NVIDIA A800 80GB", 79.3, True, False, "nvlink", 312),
     GpuSpec("L40S", "NVIDIA L40S 48GB", 44.4, True, True, "pcie", 362),
     GpuSpec("A6000", "NVIDIA RTX A6000 48GB", 47.4, True, False, "pcie", 155),
+    GpuSpec("A40", "NVIDIA A40 48GB", 44.4, True, False, "pcie", 150),
+    GpuSpec("L20", "NVIDIA L20 48GB", 44.4, True, True, "pcie", 120),
     GpuSpec("A10", "NVIDIA A10 24GB", 22.0, True, False, "pcie", 125),
     GpuSpec("L4", "NVIDIA L4 24GB", 22.0, True, True, "pcie", 121),
     GpuSpec("RTX4090", "NVIDIA GeForce RTX 4090 24GB", 23.6, True, True, "pcie", 165),
@@ -39,6 +45,10 @@ CATALOG: dict[str, GpuSpec] = {g.key: g for g in [
     GpuSpec("V100-32GB", "NVIDIA V100 32GB", 31.7, False, False, "nvlink", 125),
     GpuSpec("V100-16GB", "NVIDIA V100 16GB", 15.8, False, False, "nvlink", 125),
     GpuSpec("T4", "NVIDIA T4 16GB", 14.6, False, False, "pcie", 65),
+    # AMD Instinct (ROCm; DeepSpeed runs on RCCL). "nvlink" here means the xGMI/Infinity Fabric
+    # mesh. MI250X: one OAM is two GCDs, each its own 64 GB device to torch.
+    GpuSpec("MI250X", "AMD Instinct MI250X (one GCD, 64GB)", 64.0, True, False, "nvlink", 191),
+    GpuSpec("MI300X", "AMD Instinct MI300X 192GB", 191.5, True, True, "nvlink", 1307),
 ]}
 
 ALIASES = {"H100": "H100-SXM", "H100-80GB": "H100-SXM", "A100": "A100-80GB", "V100": "V100-32GB",
@@ -46,7 +56,9 @@ ALIASES = {"H100": "H100-SXM", "H100-80GB": "H100-SXM", "A100": "A100-80GB", "V1
 
 # nvidia-smi product names -> catalog key; more specific patterns first.
 _DETECT = [
-    (("b200",), "B200"), (("h200",), "H200"), (("h100", "nvl"), "H100-NVL"),
+    (("b200",), "B200"), (("h200",), "H200"), (("h800",), "H800"), (("h20",), "H20"),
+    (("a800",), "A800"), (("mi300x",), "MI300X"), (("mi250",), "MI250X"), (("l20",), "L20"),
+    (("a40",), "A40"), (("h100", "nvl"), "H100-NVL"),
     (("h100", "pcie"), "H100-PCIE"), (("h100",), "H100-SXM"), (("a100", "80"), "A100-80GB"),
     (("a100",), "A100-40GB"), (("l40s",), "L40S"), (("a6000",), "A6000"), (("a10",), "A10"),
     (("l4",), "L4"), (("4090",), "RTX4090"), (("3090",), "RTX3090"), (("v100", "32"), "V100-32GB"),
@@ -61,7 +73,10 @@ def lookup(name: str) -> GpuSpec:
     for k, spec in CATALOG.items():
         if k.upper() == key:
             return spec
-    raise ZerofitError("gpu", f"unknown GPU {name!r}", "use one of " + ", ".join(CATALOG))
+    import difflib
+    close = difflib.get_close_matches(key, [k.upper() for k in CATALOG] + list(ALIASES), n=3, cutoff=0.6)
+    hint = f"did you mean {' or '.join(close)}? " if close else ""
+    raise ZerofitError("gpu", f"unknown GPU {name!r}", hint + "use one of " + ", ".join(CATALOG))
 
 
 def match_gpu_name(product: str) -> str | None:
