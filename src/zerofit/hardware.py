@@ -28,16 +28,10 @@ CATALOG: dict[str, GpuSpec] = {g.key: g for g in [
     GpuSpec("H100-NVL", "NVIDIA H100 NVL 94GB", 93.6, True, True, "nvlink", 835),
     GpuSpec("H100-PCIE", "NVIDIA H100 PCIe 80GB", 79.6, True, True, "pcie", 756),
     GpuSpec("H100-SXM", "NVIDIA H100 SXM 80GB", 79.6, True, True, "nvlink", 989),
-    # China-market Hopper/Ampere parts: same memory as their siblings (vendor datasheets)
-    GpuSpec("H800", "NVIDIA H800 80GB", 79.6, True, True, "nvlink", 989),
-    GpuSpec("H20", "NVIDIA H20 96GB", 95.6, True, True, "nvlink", 148),
     GpuSpec("A100-80GB", "NVIDIA A100 80GB", 79.3, True, False, "nvlink", 312),
     GpuSpec("A100-40GB", "NVIDIA A100 40GB", 39.4, True, False, "nvlink", 312),
-    GpuSpec("A800", "NVIDIA A800 80GB", 79.3, True, False, "nvlink", 312),
     GpuSpec("L40S", "NVIDIA L40S 48GB", 44.4, True, True, "pcie", 362),
     GpuSpec("A6000", "NVIDIA RTX A6000 48GB", 47.4, True, False, "pcie", 155),
-    GpuSpec("A40", "NVIDIA A40 48GB", 44.4, True, False, "pcie", 150),
-    GpuSpec("L20", "NVIDIA L20 48GB", 44.4, True, True, "pcie", 120),
     GpuSpec("A10", "NVIDIA A10 24GB", 22.0, True, False, "pcie", 125),
     GpuSpec("L4", "NVIDIA L4 24GB", 22.0, True, True, "pcie", 121),
     GpuSpec("RTX4090", "NVIDIA GeForce RTX 4090 24GB", 23.6, True, True, "pcie", 165),
@@ -45,6 +39,13 @@ CATALOG: dict[str, GpuSpec] = {g.key: g for g in [
     GpuSpec("V100-32GB", "NVIDIA V100 32GB", 31.7, False, False, "nvlink", 125),
     GpuSpec("V100-16GB", "NVIDIA V100 16GB", 15.8, False, False, "nvlink", 125),
     GpuSpec("T4", "NVIDIA T4 16GB", 14.6, False, False, "pcie", 65),
+    # Added later, kept after the first entries so menus keep their order. China-market
+    # Hopper/Ampere parts (vendor datasheets: H800/A800 80 GB, H20 96 GB HBM3), 48 GB GDDR6 cards.
+    GpuSpec("H800", "NVIDIA H800 80GB", 79.6, True, True, "nvlink", 989),
+    GpuSpec("H20", "NVIDIA H20 96GB", 95.6, True, True, "nvlink", 148),
+    GpuSpec("A800", "NVIDIA A800 80GB", 79.3, True, False, "nvlink", 312),
+    GpuSpec("A40", "NVIDIA A40 48GB", 44.4, True, False, "pcie", 150),
+    GpuSpec("L20", "NVIDIA L20 48GB", 44.4, True, True, "pcie", 120),
     # AMD Instinct (ROCm; DeepSpeed runs on RCCL). "nvlink" here means the xGMI/Infinity Fabric
     # mesh. MI250X: one OAM is two GCDs, each its own 64 GB device to torch.
     GpuSpec("MI250X", "AMD Instinct MI250X (one GCD, 64GB)", 64.0, True, False, "nvlink", 191),
