@@ -145,3 +145,16 @@ def test_new_stack_flags_reach_the_estimate(capsys):
     assert vllm["outside_peak_gib"]["vllm_reserved"] == pytest.approx(0.3 * 79.6, abs=0.01)
     assert main(["estimate", "--gpu", "V100", "--precision", "bf16"]) == 2
     assert "fp16" in capsys.readouterr().err
+
+
+def test_estimate_names_the_failing_budget(capsys):
+    """Issue 13 item 5: the GPU fits, the node's RAM does not; the text says which, with both numbers."""
+    argv = ["estimate", "--model", "qwen2.5-7b", "--gpu", "RTX4090", "--stage", "2", "--offload-optimizer", "cpu",
+            "--gradient-checkpointing", "--host-ram-gib", "64"]
+    out = _json(capsys, argv + ["--json"])
+    assert out["fits"] is False and out["fits_gpu"] is True and out["fits_host"] is False
+    assert main(argv) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "fits on the GPU" in text and "GiB of host RAM per node, you gave 64.0" in text
+    for term in ("allocator_fragmentation", "cuda_context", "safety margin", "the GPU must hold"):
+        assert term in text
