@@ -2,6 +2,7 @@
 (``torch/distributed/_tools/mem_tracker.py``: a TorchDispatchMode that follows every storage
 created and freed). Memory of these ops is device-independent, so the bytes check the estimator's
 terms without a GPU."""
+
 from __future__ import annotations
 
 CPU = "cpu"
@@ -9,7 +10,8 @@ CPU = "cpu"
 
 def tracked_peak(fn, *external) -> tuple[int, int, dict]:
     """Run ``fn`` under MemTracker; return (peak total bytes, bytes alive after, peak by kind).
-    ``external``: modules, optimizers and tensors that exist before ``fn`` (counted from the start)."""
+    ``external``: modules, optimizers and tensors that exist before ``fn`` (counted from the start).
+    """
     import torch
     from torch.distributed._tools.mem_tracker import MemTracker
 

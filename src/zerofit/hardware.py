@@ -75,7 +75,8 @@ def lookup(name: str) -> GpuSpec:
         if k.upper() == key:
             return spec
     import difflib
-    close = difflib.get_close_matches(key, [k.upper() for k in CATALOG] + list(ALIASES), n=3, cutoff=0.6)
+    names = [k.upper() for k in CATALOG] + list(ALIASES)
+    close = difflib.get_close_matches(key, names, n=3, cutoff=0.6)
     hint = f"did you mean {' or '.join(close)}? " if close else ""
     raise ZerofitError("gpu", f"unknown GPU {name!r}", hint + "use one of " + ", ".join(CATALOG))
 

@@ -3,6 +3,7 @@ upcast, and TRL's DPO forward over chosen + rejected concatenated.
 
 Run: .venv/bin/python -m pytest tests/memory/test_losses.py -q   (~10 s, mostly imports)
 """
+
 from __future__ import annotations
 
 import pytest
@@ -16,9 +17,20 @@ H, V = 64, 16_000
 
 
 def _spec(h=H, v=V, tied=False) -> ModelSpec:
-    return ModelSpec(name="probe", architecture="Qwen2ForCausalLM", hidden_size=h, intermediate_size=352,
-                     num_layers=2, num_heads=4, num_kv_heads=2, head_dim=32, vocab_size=v, tie_embeddings=tied,
-                     params=0, active_params=0)
+    return ModelSpec(
+        name="probe",
+        architecture="Qwen2ForCausalLM",
+        hidden_size=h,
+        intermediate_size=352,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=32,
+        vocab_size=v,
+        tie_embeddings=tied,
+        params=0,
+        active_params=0,
+    )
 
 
 def test_hf_causal_lm_loss_path_matches_transformers():
@@ -36,7 +48,7 @@ def test_hf_causal_lm_loss_path_matches_transformers():
     def step():
         logits = hidden @ weight.t()
         loss = ForCausalLMLoss(logits, labels, V)
-        del logits          # the Trainer keeps only the loss (compute_loss drops the outputs)
+        del logits  # the Trainer keeps only the loss (compute_loss drops the outputs)
         loss.backward()
 
     peak, _, _ = tracked_peak(step, hidden)
@@ -48,8 +60,8 @@ def test_hf_causal_lm_loss_path_matches_transformers():
 
 def test_dpo_concatenated_forward_stores_both_halves():
     """TRL DPO runs chosen + rejected as one batch (DataCollatorForPreference pads and concatenates)
-    through the model TRL patched with its fused LM head: the activations autograd keeps are those of
-    2 x micro sequences."""
+    through the model TRL patched with its fused LM head: the activations autograd keeps are
+    those of 2 x micro sequences."""
     torch = pytest.importorskip("torch")
     pytest.importorskip("trl")
     from transformers import Qwen2Config, Qwen2ForCausalLM
@@ -57,9 +69,18 @@ def test_dpo_concatenated_forward_stores_both_halves():
 
     torch.manual_seed(0)
     spec = _spec(h=128, v=8000)
-    cfg = Qwen2Config(hidden_size=128, intermediate_size=352, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, head_dim=32, vocab_size=8000, tie_word_embeddings=False,
-                      attn_implementation="sdpa", use_cache=False)
+    cfg = Qwen2Config(
+        hidden_size=128,
+        intermediate_size=352,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        vocab_size=8000,
+        tie_word_embeddings=False,
+        attn_implementation="sdpa",
+        use_cache=False,
+    )
     model = Qwen2ForCausalLM(cfg).to(torch.bfloat16).train()
     add_fused_lm_head(model, outputs=("log_probs", "entropy", "mean_logits", "is_top1"))
     micro, seq = 2, 256
@@ -78,11 +99,17 @@ def test_dpo_concatenated_forward_stores_both_halves():
 
 def test_estimate_counts_dpo_as_twice_the_sequences():
     from zerofit.memory.estimate import TrainSetup, estimate_memory
+
     sft = estimate_memory(QWEN25_7B, TrainSetup(stage=3, world_size=8, micro_batch=2, seq_len=1024))
-    dpo = estimate_memory(QWEN25_7B, TrainSetup(stage=3, world_size=8, micro_batch=1, seq_len=1024,
-                                                workload="dpo", stack="accelerate"))
+    dpo = estimate_memory(
+        QWEN25_7B,
+        TrainSetup(
+            stage=3, world_size=8, micro_batch=1, seq_len=1024, workload="dpo", stack="accelerate"
+        ),
+    )
     assert dpo.phases["forward"] - dpo.breakdown.get("reference_model", 0) == pytest.approx(
-        sft.phases["forward"], rel=1e-9)
+        sft.phases["forward"], rel=1e-9
+    )
 
 
 def test_liger_never_materialises_the_logits():
@@ -91,10 +118,12 @@ def test_liger_never_materialises_the_logits():
     tokens = 16_384
     hf = losses.train_loss_bytes("hf", QWEN25_7B, 2, tokens)
     liger = losses.train_loss_bytes("liger", QWEN25_7B, 2, tokens)
-    assert losses.liger_chunk_rows(tokens, QWEN25_7B) == 512      # next_pow2(16384 / ceil(152064/3584)=43)
+    assert (
+        losses.liger_chunk_rows(tokens, QWEN25_7B) == 512
+    )  # next_pow2(16384 / ceil(152064/3584)=43)
     assert liger * 20 < hf
     assert losses.loss_path("hf", "sft", "liger") == "liger"
-    assert losses.loss_path("hf", "dpo", "liger") == "trl_fused"      # TRL refuses Liger's FLCE there
+    assert losses.loss_path("hf", "dpo", "liger") == "trl_fused"  # TRL refuses Liger's FLCE there
     assert losses.loss_path("accelerate", "grpo", "hf") == "hf"
 
 

@@ -195,7 +195,8 @@ def _raising(err):
     ("someorg/x", "offline", "cannot fetch config.json of someorg/x: offline and not cached"),
     ("qwen2.5-0.5", "missing", "did you mean qwen2.5-0.5b"),
     ("someorg/gated", "gated", "someorg/gated is gated on the Hugging Face Hub"),
-    ("someorg/x", "network", "cannot reach the Hugging Face Hub for someorg/x (connection refused)"),
+    ("someorg/x", "network",
+     "cannot reach the Hugging Face Hub for someorg/x (connection refused)"),
 ])
 def test_hub_failures_are_one_line(monkeypatch, ref, err, expected):
     from huggingface_hub import errors
@@ -310,34 +311,81 @@ def test_unreachable_hub_fails_fast_in_one_line(tmp_path):
     short HEAD, not five retries with back-off, and the error is one line."""
     import socket
     import time
+
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
     server.listen(8)
     port = server.getsockname()[1]
-    env = {"HF_ENDPOINT": f"http://127.0.0.1:{port}", "HF_HOME": str(tmp_path), "PATH": "/usr/bin:/bin",
-           "PYTHONPATH": str(Path(models.__file__).resolve().parents[2])}
+    env = {
+        "HF_ENDPOINT": f"http://127.0.0.1:{port}",
+        "HF_HOME": str(tmp_path),
+        "PATH": "/usr/bin:/bin",
+        "PYTHONPATH": str(Path(models.__file__).resolve().parents[2]),
+    }
     start = time.monotonic()
     try:
-        proc = subprocess.run([sys.executable, "-m", "zerofit", "estimate", "--model", "someorg/some-model"],
-                              capture_output=True, text=True, timeout=60, env=env)
+        proc = subprocess.run(
+            [sys.executable, "-m", "zerofit", "estimate", "--model", "someorg/some-model"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=env,
+        )
     finally:
         server.close()
     took = time.monotonic() - start
     lines = proc.stderr.strip().splitlines()
-    assert proc.returncode == 2 and len(lines) == 1 and "someorg/some-model" in lines[0], proc.stderr
+    assert (
+        proc.returncode == 2 and len(lines) == 1 and "someorg/some-model" in lines[0]
+    ), proc.stderr
     assert "Retrying" not in proc.stderr + proc.stdout
     # the 1 s HEAD deadline plus interpreter start-up (inflated on a shared 2-core box)
     assert took < 2 + 3, took
 
 
-@pytest.mark.parametrize("config, params, inter", [
-    ({"model_type": "qwen", "hidden_size": 4096, "intermediate_size": 22016, "num_hidden_layers": 32,
-      "num_attention_heads": 32, "vocab_size": 151936, "kv_channels": 128, "no_bias": True}, 7_721_324_544, 11008),
-    ({"model_type": "baichuan", "hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32,
-      "num_attention_heads": 32, "vocab_size": 64000}, 7_000_559_616, 11008),
-    ({"model_type": "baichuan", "hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32,
-      "num_attention_heads": 32, "vocab_size": 125696}, 7_505_973_248, 11008),
-])
+@pytest.mark.parametrize(
+    "config, params, inter",
+    [
+        (
+            {
+                "model_type": "qwen",
+                "hidden_size": 4096,
+                "intermediate_size": 22016,
+                "num_hidden_layers": 32,
+                "num_attention_heads": 32,
+                "vocab_size": 151936,
+                "kv_channels": 128,
+                "no_bias": True,
+            },
+            7_721_324_544,
+            11008,
+        ),
+        (
+            {
+                "model_type": "baichuan",
+                "hidden_size": 4096,
+                "intermediate_size": 11008,
+                "num_hidden_layers": 32,
+                "num_attention_heads": 32,
+                "vocab_size": 64000,
+            },
+            7_000_559_616,
+            11008,
+        ),
+        (
+            {
+                "model_type": "baichuan",
+                "hidden_size": 4096,
+                "intermediate_size": 11008,
+                "num_hidden_layers": 32,
+                "num_attention_heads": 32,
+                "vocab_size": 125696,
+            },
+            7_505_973_248,
+            11008,
+        ),
+    ],
+)
 def test_trust_remote_code_families_read_from_config(tmp_path, config, params, inter):
     """Qwen-7B (v1), Baichuan-7B, Baichuan2-7B: published parameter counts, without their code."""
     path = tmp_path / "config.json"

@@ -24,7 +24,8 @@ def test_small_model_one_h100_picks_low_stage_without_offload():
 
 
 def test_70b_on_8_a100_needs_stage3():
-    p = plan(Answers(gpu="A100-80GB", gpus_per_node=8, seq_len=2048, global_batch=64, host_ram_gib=2048.0),
+    p = plan(Answers(gpu="A100-80GB", gpus_per_node=8, seq_len=2048, global_batch=64,
+                     host_ram_gib=2048.0),
              model=LLAMA31_70B)
     assert p.fits and p.stage == 3
     # model states alone: 16 B x 70.6B / 8 = 131 GiB > 71 GiB, so the optimizer goes to CPU
@@ -110,7 +111,8 @@ def test_host_ram_is_the_budget_named_when_it_fails():
     roomy = plan(Answers(gpu="RTX4090", seq_len=2048, host_ram_gib=512.0), model=QWEN25_7B)
     assert roomy.fits and roomy.failing_budget is None
     # no RAM to offload to: 7B needs ZeRO-3 over 4 A100-40GB, in one box before 4 nodes
-    tips = plan(Answers(gpu="A100-40GB", seq_len=2048, host_ram_gib=1.0), model=QWEN25_7B).suggestions
+    tips = plan(Answers(gpu="A100-40GB", seq_len=2048, host_ram_gib=1.0),
+                model=QWEN25_7B).suggestions
     gpus = [i for i, t in enumerate(tips) if "GPUs (" in t]
     nodes = [i for i, t in enumerate(tips) if "nodes (" in t]
     assert gpus and (not nodes or gpus[0] < nodes[0])

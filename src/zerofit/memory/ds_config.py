@@ -7,6 +7,7 @@ Trainer / accelerate fill in (``transformers/integrations/deepspeed.py:
 HfTrainerDeepSpeedConfig.trainer_config_finalize``: stage-3 buckets from hidden_size, batch sizes
 from the training arguments), so they are left to the estimate's own inputs.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -34,7 +35,9 @@ def _int(field: str, value: Any) -> int:
     try:
         out = int(float(value))
     except (TypeError, ValueError):
-        raise ZerofitError(field, f"{value!r} is not a number", "write a whole number or \"auto\"") from None
+        raise ZerofitError(
+            field, f"{value!r} is not a number", 'write a whole number or "auto"'
+        ) from None
     if out < 0:
         raise ZerofitError(field, f"{value!r} is negative", "write a positive number")
     return out
@@ -49,12 +52,15 @@ def read_ds_config(ds: dict, hidden_size: int) -> dict[str, Any]:
     ``optimizer`` (the implementation DeepSpeed builds from the block, or None without one).
     """
     if not isinstance(ds, dict):
-        raise ZerofitError("deepspeed config", "is not a JSON object", "give a DeepSpeed config file")
+        raise ZerofitError(
+            "deepspeed config", "is not a JSON object", "give a DeepSpeed config file"
+        )
     import contextlib
     import io
+
     # DeepSpeed logs "Setting accelerator to CPU" to stdout on import; keep --json output clean
     with contextlib.redirect_stdout(io.StringIO()):
-        from deepspeed.runtime.zero.config import DeepSpeedZeroConfig   # the defaults DeepSpeed uses
+        from deepspeed.runtime.zero.config import DeepSpeedZeroConfig  # the defaults DeepSpeed uses
 
     zero = ds.get("zero_optimization") or {}
     if not isinstance(zero, dict):
@@ -64,15 +70,20 @@ def read_ds_config(ds: dict, hidden_size: int) -> dict[str, Any]:
     if not _is_auto(stage):
         stage = _int("zero_optimization.stage", stage)
         if stage not in (0, 1, 2, 3):
-            raise ZerofitError("zero_optimization.stage", f"{stage} is not a ZeRO stage", "use 0, 1, 2 or 3")
+            raise ZerofitError(
+                "zero_optimization.stage", f"{stage} is not a ZeRO stage", "use 0, 1, 2 or 3"
+            )
         out["stage"] = stage
     numeric = {k: v for k, v in zero.items() if not _is_auto(v)}
     try:
         parsed = DeepSpeedZeroConfig(**numeric)
-    except Exception as exc:   # pydantic's ValidationError: report DeepSpeed's own first line
+    except Exception as exc:  # pydantic's ValidationError: report DeepSpeed's own first line
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise ZerofitError("zero_optimization", f"DeepSpeed rejects it ({first})",
-                              "fix the block as DeepSpeed's error says") from None
+        raise ZerofitError(
+            "zero_optimization",
+            f"DeepSpeed rejects it ({first})",
+            "fix the block as DeepSpeed's error says",
+        ) from None
     # "auto" buckets: what HF fills in at any stage (reduce_bucket_size = hidden^2, the stage-3
     # prefetch/persistence from hidden_size): the same formula zerofit writes for stage 3
     hf_auto = ds_bucket_sizes(hidden_size, 3)
@@ -83,7 +94,9 @@ def read_ds_config(ds: dict, hidden_size: int) -> dict[str, Any]:
         else:
             buckets[key] = int(getattr(parsed, attr))
     out["buckets"] = buckets
-    out["overlap_comm"] = bool(parsed.overlap_comm) if parsed.overlap_comm is not None else out.get("stage") == 3
+    out["overlap_comm"] = (
+        bool(parsed.overlap_comm) if parsed.overlap_comm is not None else out.get("stage") == 3
+    )
     out["offload_optimizer"] = _offload_device(parsed.offload_optimizer)
     out["offload_param"] = _offload_device(parsed.offload_param)
 
@@ -93,8 +106,11 @@ def read_ds_config(ds: dict, hidden_size: int) -> dict[str, Any]:
         out["precision"] = "fp16"
     elif not any(_is_auto((ds.get(k) or {}).get("enabled")) for k in ("bf16", "fp16")):
         out["precision"] = "fp32"
-    for key, name in (("train_micro_batch_size_per_gpu", "micro_batch"),
-                      ("gradient_accumulation_steps", "grad_accum"), ("train_batch_size", "train_batch_size")):
+    for key, name in (
+        ("train_micro_batch_size_per_gpu", "micro_batch"),
+        ("gradient_accumulation_steps", "grad_accum"),
+        ("train_batch_size", "train_batch_size"),
+    ):
         if key in ds and not _is_auto(ds[key]):
             out[name] = _int(key, ds[key])
 
@@ -130,13 +146,18 @@ def read_accelerate_config(cfg: dict) -> tuple[dict[str, Any], str | None]:
     gradient_accumulation_steps}`` the rest, unless ``deepspeed_config_file`` points at a JSON.
     """
     if not isinstance(cfg, dict):
-        raise ZerofitError("accelerate config", "is not a YAML mapping", "give an accelerate config file")
+        raise ZerofitError(
+            "accelerate config", "is not a YAML mapping", "give an accelerate config file"
+        )
     out: dict[str, Any] = {}
     machines = _int("num_machines", cfg.get("num_machines", 1) or 1)
     processes = _int("num_processes", cfg.get("num_processes", 1) or 1)
     if machines < 1 or processes < machines or processes % machines:
-        raise ZerofitError("num_processes", f"{processes} processes do not split over {machines} machines",
-                              "make num_processes a multiple of num_machines")
+        raise ZerofitError(
+            "num_processes",
+            f"{processes} processes do not split over {machines} machines",
+            "make num_processes a multiple of num_machines",
+        )
     out["num_nodes"], out["gpus_per_node"] = machines, processes // machines
     mp = cfg.get("mixed_precision")
     if mp in ("bf16", "fp16"):
@@ -148,9 +169,14 @@ def read_accelerate_config(cfg: dict) -> tuple[dict[str, Any], str | None]:
     if isinstance(ds, dict) and not path:
         if "zero_stage" in ds:
             out["stage"] = _int("deepspeed_config.zero_stage", ds["zero_stage"])
-        for key, name in (("offload_optimizer_device", "offload_optimizer"), ("offload_param_device", "offload_param")):
+        for key, name in (
+            ("offload_optimizer_device", "offload_optimizer"),
+            ("offload_param_device", "offload_param"),
+        ):
             if ds.get(key):
                 out[name] = str(ds[key])
         if "gradient_accumulation_steps" in ds and not _is_auto(ds["gradient_accumulation_steps"]):
-            out["grad_accum"] = _int("deepspeed_config.gradient_accumulation_steps", ds["gradient_accumulation_steps"])
+            out["grad_accum"] = _int(
+                "deepspeed_config.gradient_accumulation_steps", ds["gradient_accumulation_steps"]
+            )
     return out, path

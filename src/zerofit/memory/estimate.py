@@ -26,7 +26,7 @@ from zerofit.memory import states as st
 from zerofit.memory.optimizers import host_step_temporary_bytes, resolve_optimizer
 
 GIB = 1024 ** 3
-CUDA_CONTEXT_BYTES = oh.CUDA_CONTEXT_BYTES   # measured: 0.514 GiB on an H100 before the model existed
+CUDA_CONTEXT_BYTES = oh.CUDA_CONTEXT_BYTES   # measured: 0.514 GiB on an H100 before the model
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 
 # DeepSpeed's own defaults (what the calibration runs used: no bucket keys in their JSON).
@@ -189,14 +189,17 @@ def estimate_memory(model, setup: TrainSetup) -> MemoryEstimate:
                    for name, parts in phases.items() if name != peak_phase), default=0)
     cpu = st.cpu_bytes_per_rank(model, s, b, buckets) * s.gpus_per_node
     if s.offload_optimizer == "cpu":
-        cpu += host_step_temporary_bytes(optimizer, math.ceil(model.params / s.world_size)) * s.gpus_per_node
+        owned = math.ceil(model.params / s.world_size)
+        cpu += host_step_temporary_bytes(optimizer, owned) * s.gpus_per_node
     if s.uses_reference and s.stage == 3 and s.offload_param == "cpu":
         cpu += math.ceil(model.params / s.world_size) * b * s.gpus_per_node
     return MemoryEstimate(
-        totals[peak_phase], {k: v for k, v in phases[peak_phase].items() if v}, peak_phase, totals, cpu,
+        totals[peak_phase], {k: v for k, v in phases[peak_phase].items() if v}, peak_phase, totals,
+        cpu,
         allocator_bytes=oh.allocator_fragmentation_bytes(model, s.gradient_checkpointing, largest),
         nccl_bytes=oh.nccl_buffer_bytes(s.world_size, s.gpus_per_node, s.interconnect),
-        vllm_fraction=float(s.vllm_gpu_memory_utilization or 0.0), optimizer=optimizer, loss_path=path)
+        vllm_fraction=float(s.vllm_gpu_memory_utilization or 0.0), optimizer=optimizer,
+        loss_path=path)
 
 
 def _largest_transient(phase: str, path: str, model, b: int, logit_tokens: int, backward: dict,

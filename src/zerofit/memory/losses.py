@@ -16,6 +16,7 @@ Three paths, each derived from the code that runs at the pinned versions:
   compute dtype, per-token fp32 statistics, and in backward fp32 accumulators for the gradients
   of the scored hidden states and of the whole LM-head weight, cast to the model dtype on return.
 """
+
 from __future__ import annotations
 
 import math
@@ -24,7 +25,8 @@ from zerofit.memory import activations as act
 
 FP32 = 4
 LOSS_KERNELS = ("hf", "liger")
-# trl/kernels/chunked_logprob.py: TOKEN_CHUNK_SIZE; trl/trainer/utils.py: _CHUNKED_LOGPROB_CHUNK_SIZE
+# trl/kernels/chunked_logprob.py: TOKEN_CHUNK_SIZE;
+# trl/trainer/utils.py: _CHUNKED_LOGPROB_CHUNK_SIZE
 TRL_TOKEN_CHUNK = 4096
 TRL_VOCAB_CHUNK = 32768
 # ChunkedLogProbFunction.forward: sum_exp, x_sum_exp, sq_sum_exp, z_sum, target_logit, plus the
@@ -48,7 +50,7 @@ def liger_chunk_rows(tokens: int, model) -> int:
 
 
 def train_loss_bytes(path: str, model, a: int, tokens: int) -> int:
-    """Most bytes the loss path holds for ``tokens`` scored tokens, beyond the stored activations."""
+    """Most bytes the loss path holds for ``tokens`` scored tokens, beyond stored activations."""
     h, v = model.hidden_size, model.vocab_size
     if path == "liger":
         chunk = liger_chunk_rows(tokens, model)
@@ -56,8 +58,8 @@ def train_loss_bytes(path: str, model, a: int, tokens: int) -> int:
         return tokens * h * a + v * h * a + chunk * v * a + FP32 * tokens
     if path == "trl_fused":
         tile = min(tokens, TRL_TOKEN_CHUNK) * min(v, TRL_VOCAB_CHUNK) * a
-        saved_hidden = tokens * h * a          # hidden_states[mask]: a gathered copy
-        grads = tokens * h * (FP32 + a) + v * h * (FP32 + a)   # fp32 accumulators + their casts
+        saved_hidden = tokens * h * a  # hidden_states[mask]: a gathered copy
+        grads = tokens * h * (FP32 + a) + v * h * (FP32 + a)  # fp32 accumulators + their casts
         return saved_hidden + grads + tile + TRL_FP32_PER_TOKEN * FP32 * tokens
     return act.logits_peak_bytes_per_token(model, a) * tokens
 

@@ -15,6 +15,7 @@ Sources, at the pinned versions (torch 2.13, transformers 5.23, deepspeed 0.19.8
 - Under ZeRO offload DeepSpeed refuses any client optimizer but its CPU Adam unless
   ``zero_force_ds_cpu_optimizer`` is false (``engine.py:_configure_zero_optimizer``).
 """
+
 from __future__ import annotations
 
 FP32 = 4
@@ -24,8 +25,9 @@ OPTIMIZERS = ("adamw_torch", "adamw_torch_fused", "adamw_forloop", "ds_fused_ada
 HF_TRAINER_DEFAULT_OPTIM = "adamw_torch_fused"
 
 
-def resolve_optimizer(stack: str, optimizer: str | None, offload_optimizer: str,
-                      ds_optimizer_block: bool = False) -> str:
+def resolve_optimizer(
+    stack: str, optimizer: str | None, offload_optimizer: str, ds_optimizer_block: bool = False
+) -> str:
     """The optimizer implementation that really runs for ``stack`` (see the module docstring)."""
     if offload_optimizer != "none":
         # DeepSpeed's CPU Adam, unless the user forced a torch optimizer onto the CPU

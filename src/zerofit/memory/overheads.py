@@ -21,13 +21,14 @@
 - **vLLM colocated** (TRL GRPO ``vllm_mode="colocate"``): vLLM takes
   ``gpu_memory_utilization`` x the GPU's memory for its weights and KV cache.
 """
+
 from __future__ import annotations
 
-GIB = 1024 ** 3
-MIB = 1024 ** 2
+GIB = 1024**3
+MIB = 1024**2
 CUDA_CONTEXT_BYTES = int(0.5 * GIB)
-ROUND_LARGE = 2 * MIB              # kRoundLarge: segment granularity above 10 MiB
-NCCL_BUFFSIZE = 4 * MIB            # NCCL_BUFFSIZE default
+ROUND_LARGE = 2 * MIB  # kRoundLarge: segment granularity above 10 MiB
+NCCL_BUFFSIZE = 4 * MIB  # NCCL_BUFFSIZE default
 NCCL_LL_BUFFSIZE = 8 * 512 * 8 * 16
 NCCL_LL128_BUFFSIZE = 120 * 640 * 8 * 8
 # Channels NCCL opens (its topology search): up to 16 rings over NVLink/NVSwitch, a few on PCIe.
@@ -59,7 +60,7 @@ def nccl_buffer_bytes(world_size: int, gpus_per_node: int, interconnect: str = "
     nodes = max(1, world_size // max(1, gpus_per_node))
     channels = NCCL_CHANNELS.get(interconnect, NCCL_CHANNELS["pcie"])
     if nodes == 1:
-        connections = 1                    # ring: receive from the previous rank
+        connections = 1  # ring: receive from the previous rank
     else:
-        connections = 2 + 3                # network ring send + receive, tree parent + 2 children
+        connections = 2 + 3  # network ring send + receive, tree parent + 2 children
     return channels * connections * per_connection

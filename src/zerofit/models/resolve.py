@@ -163,9 +163,10 @@ def _meta_failure(config: dict, where: str, err: Exception, version: str) -> Zer
     if model_type not in CONFIG_MAPPING:
         remote = " (it needs trust_remote_code, which zerofit never runs)" if "auto_map" in config else ""
         if remote:   # custom code in the repo: a newer transformers would not know it either
-            return ZerofitError("model", f"{where}: architecture {model_type!r} ships its own code{remote}",
-                                "use the transformers-native port of the model (e.g. Qwen2 for Qwen v1) "
-                                "or a built-in name with the same shape")
+            return ZerofitError("model",
+                                f"{where}: architecture {model_type!r} ships its own code{remote}",
+                                "use the transformers-native port of the model (e.g. Qwen2 for "
+                                "Qwen v1) or a built-in name with the same shape")
         return ZerofitError("model", f"{where}: architecture {model_type!r} is unknown to transformers "
                             f"{version}",
                             "upgrade transformers, or use a transformers-native config or a built-in name")
@@ -214,7 +215,8 @@ def count_params_remote_code(config: dict, where: str = "config.json") -> dict |
         attn, dense = 4 * h * h, 3 * h * inter
     total = layers * (attn + dense + 2 * h) + vocab * h * (1 if tie else 2) + h
     return dict(architecture=family, hidden_size=h, intermediate_size=mlp, num_layers=layers,
-                num_heads=heads, num_kv_heads=heads, head_dim=hd, vocab_size=vocab, tie_embeddings=tie,
+                num_heads=heads, num_kv_heads=heads, head_dim=hd, vocab_size=vocab,
+                tie_embeddings=tie,
                 params=total, active_params=total, num_experts=0, experts_per_token=0,
                 moe_intermediate_size=0)
 
@@ -334,7 +336,8 @@ def _download_config(repo_id: str) -> Path:
     hub_constants.HF_HUB_DISABLE_TELEMETRY = True
     try:
         try:   # a config.json already in the hub cache answers without the network
-            return Path(hf_hub_download(repo_id=repo_id, filename="config.json", local_files_only=True))
+            return Path(hf_hub_download(repo_id=repo_id, filename="config.json",
+                                        local_files_only=True))
         except errors.LocalEntryNotFoundError:
             pass
         _hub_head(repo_id)          # unreachable: one line now, not five retries

@@ -93,12 +93,15 @@ def validate_answers(a: Answers) -> Answers:
     if not 0.1 <= a.headroom <= 1.0:
         raise ZerofitError("headroom", f"{a.headroom!r} is out of range", "use a fraction in 0.1-1.0")
     if a.vllm_gpu_memory_utilization is not None and not 0.0 < a.vllm_gpu_memory_utilization < 1.0:
-        raise ZerofitError("vllm_gpu_memory_utilization", f"{a.vllm_gpu_memory_utilization!r} is out of range",
+        raise ZerofitError("vllm_gpu_memory_utilization",
+                           f"{a.vllm_gpu_memory_utilization!r} is out of range",
                            "use a fraction between 0 and 1, e.g. 0.3 (TRL's default)")
     if a.host_ram_gib is not None and a.host_ram_gib <= 0:
-        raise ZerofitError("host_ram_gib", f"{a.host_ram_gib!r} must be positive", "give the node's RAM in GiB")
+        raise ZerofitError("host_ram_gib", f"{a.host_ram_gib!r} must be positive",
+                           "give the node's RAM in GiB")
     if not 0.0 <= a.safety_margin_gib <= 64.0:
-        raise ZerofitError("safety_margin_gib", f"{a.safety_margin_gib!r} is out of range", "use 0-64 GiB")
+        raise ZerofitError("safety_margin_gib", f"{a.safety_margin_gib!r} is out of range",
+                           "use 0-64 GiB")
     if a.workload == "grpo" and a.completion_len >= a.seq_len:
         raise ZerofitError("completion_len", f"{a.completion_len} leaves no room for a prompt in seq_len {a.seq_len}",
                            "raise seq_len or lower completion_len")

@@ -66,8 +66,8 @@ def plan(answers: Answers, model: Any = None) -> Plan:
     nothing fits, the least-memory candidate is returned with ``fits=False`` and suggestions.
     """
     from zerofit.hardware import lookup
-    from zerofit.planning.planner import (best_of, evaluate, host_ram_gib, micro_choices, option_grid,
-                                          pick_global_batch, pick_precision)
+    from zerofit.planning.planner import (best_of, evaluate, host_ram_gib, micro_choices,
+                                          option_grid, pick_global_batch, pick_precision)
     from zerofit.planning.reasons import decide, suggest
 
     if model is None:
@@ -109,4 +109,5 @@ def plan(answers: Answers, model: Any = None) -> Plan:
                 cpu_gib=round(est.cpu_gib, 2), decisions=tuple(decisions), alternatives=tuple(alternatives),
                 suggestions=suggestions, gpu_need_gib=round(chosen.need_gib, 2),
                 host_ram_gib=round(ram, 1), host_ram_source=ram_source,
-                failing_budget=chosen.failing_budget, optimizer=est.optimizer, loss_path=est.loss_path)
+                failing_budget=chosen.failing_budget, optimizer=est.optimizer,
+                loss_path=est.loss_path)

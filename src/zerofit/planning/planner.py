@@ -42,7 +42,8 @@ class Candidate:
         """"gpu", "host" (RAM), "gpu+host", or None when it fits."""
         if self.fits:
             return None
-        return "+".join(name for name, ok in (("gpu", self.gpu_fits), ("host", self.host_fits)) if not ok)
+        budgets = (("gpu", self.gpu_fits), ("host", self.host_fits))
+        return "+".join(name for name, ok in budgets if not ok)
 
     @property
     def speed_key(self) -> tuple:
@@ -67,7 +68,8 @@ def pick_precision(answers: Answers, gpu) -> tuple[str, str]:
     """bf16 where the GPU has it, else fp16, unless the user chose."""
     if answers.precision == "bf16" and not gpu.bf16:
         raise ZerofitError("precision", f"bf16 is not supported by {gpu.name}",
-                           "use --precision fp16 (loss scaling) or fp32, or a GPU with bf16 (A100 or newer)")
+                           "use --precision fp16 (loss scaling) or fp32, "
+                           "or a GPU with bf16 (A100 or newer)")
     if answers.precision:
         return answers.precision, f"{answers.precision}: set by you"
     if gpu.bf16:

@@ -13,7 +13,8 @@ def _gib(x: float) -> str:
 
 
 def host_words(answers, gpu) -> str:
-    """'this node has 62.4 GiB' / 'given: 512.0 GiB' / 'assumed 64.0 GiB': where the RAM comes from."""
+    """Where the host RAM number comes from: 'this node has 62.4 GiB', 'you gave 512.0 GiB' or
+    'assumed 64.0 GiB, set --host-ram-gib'."""
     ram, source = host_ram_gib(answers, gpu)
     return {"given": f"you gave {_gib(ram)}", "this node": f"this node has {_gib(ram)}"}.get(
         source, f"assumed {_gib(ram)}, set --host-ram-gib")
@@ -127,8 +128,8 @@ def suggest(model, answers, gpu, precision: str, per_rank: int, budget: float, l
         more = dataclasses.replace(answers, gpus_per_node=per_node)
         world = per_node
         share = max(1, per_rank * answers.world_size // world)
-        fit = [c for o in full_grid for c in evaluate(model, more, gpu, precision, o, [1], share, world=world)
-               if c.fits]
+        fit = [c for o in full_grid
+               for c in evaluate(model, more, gpu, precision, o, [1], share, world=world) if c.fits]
         if fit:
             c = min(fit, key=lambda c: c.speed_key)
             tips.append(f"use {per_node} GPUs ({per_node} x {gpu.key} in one node): {c.label()} "
@@ -143,7 +144,8 @@ def suggest(model, answers, gpu, precision: str, per_rank: int, budget: float, l
                if c.fits]
         if fit:
             c = min(fit, key=lambda c: c.speed_key)
-            tips.append(f"use {nodes} nodes ({world} x {gpu.key}): {c.label()} needs {_gib(c.need_gib)} per GPU")
+            tips.append(f"use {nodes} nodes ({world} x {gpu.key}): {c.label()} needs "
+                        f"{_gib(c.need_gib)} per GPU")
             break
     seq = answers.seq_len // 2
     floor = answers.completion_len + 1 if answers.workload == "grpo" else 64
@@ -159,10 +161,12 @@ def suggest(model, answers, gpu, precision: str, per_rank: int, budget: float, l
                     key=lambda g: g.memory_gib)
     host = host_ram_gib(answers, gpu)[0]
     if least_bad.estimate.cpu_gib > host:
-        tips.append(f"a node with {_gib(least_bad.estimate.cpu_gib)} of host RAM ({host_words(answers, gpu)}) "
+        tips.append(f"a node with {_gib(least_bad.estimate.cpu_gib)} of host RAM "
+                    f"({host_words(answers, gpu)}) "
                     f"runs {least_bad.label()}, or offload to nvme (--offload-optimizer nvme --nvme-path ...)")
     if bigger and least_bad.estimate.cpu_gib <= host:
-        tips.append(f"a GPU with at least {_gib(least_bad.need_gib / answers.headroom)} of memory, e.g. {bigger[0].key}, "
+        tips.append(f"a GPU with at least {_gib(least_bad.need_gib / answers.headroom)} of memory, "
+                    f"e.g. {bigger[0].key}, "
                     f"fits {least_bad.label()}")
     if not tips:
         tips.append(f"nothing in reach fits: the least memory is {least_bad.label()} at "

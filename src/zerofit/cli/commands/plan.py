@@ -33,6 +33,9 @@ def build_plan_dict(p) -> dict:
     }
 
 
+_FAILING_WORDS = {"host": "no: host RAM", "gpu": "no: GPU"}
+
+
 def _ram_words(p) -> str:
     if p.host_ram_source == "this node":
         return f"this node has {p.host_ram_gib:.1f} GiB"
@@ -55,8 +58,8 @@ def run(args) -> int:
     if p.fits:
         verdict = "fits"
     elif p.failing_budget == "host":
-        verdict = (f"does NOT fit: fits on the GPU but needs {p.cpu_gib:.1f} GiB of host RAM per node, "
-                   f"{_ram_words(p)}")
+        verdict = (f"does NOT fit: fits on the GPU but needs {p.cpu_gib:.1f} GiB of host RAM "
+                   f"per node, {_ram_words(p)}")
     elif p.failing_budget == "gpu":
         verdict = "does NOT fit on the GPU"
     else:
@@ -80,7 +83,7 @@ def run(args) -> int:
         alt.add_row(("* " if chosen else "") + str(a.stage), f"{a.offload_optimizer}/{a.offload_param}",
                     "on" if a.gradient_checkpointing else "off", str(a.micro_batch), f"{a.peak_gib:.1f}",
                     f"{a.gpu_need_gib:.1f}", f"{a.cpu_gib:.1f}",
-                    "yes" if a.fits else {"host": "no: host RAM", "gpu": "no: GPU"}.get(a.failing, "no"))
+                    "yes" if a.fits else _FAILING_WORDS.get(a.failing, "no"))
     console.print(alt)
     for s in p.suggestions:
         console.print(f"- would fit: {s}")
