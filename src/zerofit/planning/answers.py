@@ -113,7 +113,12 @@ def validate_answers(a: Answers) -> Answers:
     if not isinstance(a.model, str) or not a.model.strip():
         raise ZerofitError("model", "is empty", "give a built-in name, a config.json, a model directory or a hub id")
     from zerofit.hardware import lookup  # local: keeps this module importable without the catalog cost
-    lookup(a.gpu)
+    gpu = lookup(a.gpu)
+    if a.precision == "bf16" and not gpu.bf16:
+        # DeepSpeed would stop at start-up (no bf16 kernels before Ampere); the wizard re-asks this
+        raise ZerofitError("precision", f"bf16 is not supported by {gpu.name}",
+                           "use --precision fp16 (loss scaling) or fp32, "
+                           "or a GPU with bf16 (A100 or newer)")
     return a
 
 
