@@ -40,7 +40,12 @@ DEEPSPEED_DEFAULT_BUCKETS = {
 
 @dataclass(frozen=True)
 class TrainSetup:
-    """One training configuration on one rank's view. ``buckets=None``: zerofit's JSON sizes."""
+    """One training configuration on one rank's view. ``buckets=None``: zerofit's JSON sizes.
+
+    ``stack`` defaults to ``accelerate`` here (a plain loop with torch's foreach AdamW, what the
+    calibration runs used); ``Answers.stack`` defaults to ``hf``, what most users run, and the
+    planner passes it through.
+    """
 
     stage: int = 2
     world_size: int = 1
