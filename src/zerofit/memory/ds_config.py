@@ -99,6 +99,10 @@ def read_ds_config(ds: dict, hidden_size: int) -> dict[str, Any]:
     )
     out["offload_optimizer"] = _offload_device(parsed.offload_optimizer)
     out["offload_param"] = _offload_device(parsed.offload_param)
+    for block in (parsed.offload_optimizer, parsed.offload_param):
+        if block is not None and getattr(block, "nvme_path", None) and "nvme_path" not in out:
+            if "nvme" in (out["offload_optimizer"], out["offload_param"]):
+                out["nvme_path"] = str(block.nvme_path)
 
     if (ds.get("bf16") or {}).get("enabled") is True:
         out["precision"] = "bf16"

@@ -129,8 +129,11 @@ def step_buffers(model, s, b: int, buckets: dict, optimizer: str = "adamw_torch"
 def stage3_live_params(model, s, b: int, buckets: dict) -> int:
     """Gathered (full) parameters resident during forward/backward under ZeRO-3 with N > 1:
     the current module, the prefetch bucket and, at the loss, the lm_head matrix; bounded by
-    ``stage3_max_live_parameters``. With one rank DeepSpeed skips the gather (no extra bytes)."""
-    if s.stage != 3 or s.world_size == 1:
+    ``stage3_max_live_parameters``. With one rank DeepSpeed skips the gather
+    (``partition_parameters.py:_no_gather_coalesced``): ``NoGatherHandle`` sets ``param.data =
+    ds_tensor.to(device)``, no copy when the partition is on the GPU, a full copy of each module
+    when parameters are offloaded to the CPU."""
+    if s.stage != 3 or (s.world_size == 1 and s.offload_param == "none"):
         return 0
     prefetch = int(buckets.get("stage3_prefetch_bucket_size", 50_000_000))
     live = model.vocab_size * model.hidden_size + layer_params(model) + prefetch

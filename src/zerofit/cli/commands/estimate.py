@@ -23,6 +23,7 @@ _FILE_ANSWER_FIELDS = (
     "micro_batch",
     "gpus_per_node",
     "num_nodes",
+    "nvme_path",
 )
 
 
