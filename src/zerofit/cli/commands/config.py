@@ -54,7 +54,8 @@ def run(args) -> int:
     if not plan.fits:
         where = ("host RAM (offload needs more than the node has)" if plan.failing_budget == "host"
                  else "GPU memory")
-        print(f"zerofit: warning: this configuration does not fit in {where} (files written anyway)",
+        print(f"zerofit: warning: this configuration does not fit in {where} "
+              "(files written anyway)",
               file=sys.stderr)
         return 1
     return 0
