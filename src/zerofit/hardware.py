@@ -1,6 +1,7 @@
 """GPU catalog (memory, precisions, interconnect) and local GPU detection."""
 from __future__ import annotations
 
+import functools
 import shutil
 import subprocess
 from dataclasses import dataclass
@@ -38,6 +39,17 @@ CATALOG: dict[str, GpuSpec] = {g.key: g for g in [
     GpuSpec("V100-32GB", "NVIDIA V100 32GB", 31.7, False, False, "nvlink", 125),
     GpuSpec("V100-16GB", "NVIDIA V100 16GB", 15.8, False, False, "nvlink", 125),
     GpuSpec("T4", "NVIDIA T4 16GB", 14.6, False, False, "pcie", 65),
+    # Added later, kept after the first entries so menus keep their order. China-market
+    # Hopper/Ampere parts (vendor datasheets: H800/A800 80 GB, H20 96 GB HBM3), 48 GB GDDR6 cards.
+    GpuSpec("H800", "NVIDIA H800 80GB", 79.6, True, True, "nvlink", 989),
+    GpuSpec("H20", "NVIDIA H20 96GB", 95.6, True, True, "nvlink", 148),
+    GpuSpec("A800", "NVIDIA A800 80GB", 79.3, True, False, "nvlink", 312),
+    GpuSpec("A40", "NVIDIA A40 48GB", 44.4, True, False, "pcie", 150),
+    GpuSpec("L20", "NVIDIA L20 48GB", 44.4, True, True, "pcie", 120),
+    # AMD Instinct (ROCm; DeepSpeed runs on RCCL). "nvlink" here means the xGMI/Infinity Fabric
+    # mesh. MI250X: one OAM is two GCDs, each its own 64 GB device to torch.
+    GpuSpec("MI250X", "AMD Instinct MI250X (one GCD, 64GB)", 64.0, True, False, "nvlink", 191),
+    GpuSpec("MI300X", "AMD Instinct MI300X 192GB", 191.5, True, True, "nvlink", 1307),
 ]}
 
 ALIASES = {"H100": "H100-SXM", "H100-80GB": "H100-SXM", "A100": "A100-80GB", "V100": "V100-32GB",
@@ -45,7 +57,9 @@ ALIASES = {"H100": "H100-SXM", "H100-80GB": "H100-SXM", "A100": "A100-80GB", "V1
 
 # nvidia-smi product names -> catalog key; more specific patterns first.
 _DETECT = [
-    (("b200",), "B200"), (("h200",), "H200"), (("h100", "nvl"), "H100-NVL"),
+    (("b200",), "B200"), (("h200",), "H200"), (("h800",), "H800"), (("h20",), "H20"),
+    (("a800",), "A800"), (("mi300x",), "MI300X"), (("mi250",), "MI250X"), (("l20",), "L20"),
+    (("a40",), "A40"), (("h100", "nvl"), "H100-NVL"),
     (("h100", "pcie"), "H100-PCIE"), (("h100",), "H100-SXM"), (("a100", "80"), "A100-80GB"),
     (("a100",), "A100-40GB"), (("l40s",), "L40S"), (("a6000",), "A6000"), (("a10",), "A10"),
     (("l4",), "L4"), (("4090",), "RTX4090"), (("3090",), "RTX3090"), (("v100", "32"), "V100-32GB"),
@@ -60,7 +74,11 @@ def lookup(name: str) -> GpuSpec:
     for k, spec in CATALOG.items():
         if k.upper() == key:
             return spec
-    raise ZerofitError("gpu", f"unknown GPU {name!r}", "use one of " + ", ".join(CATALOG))
+    import difflib
+    names = [k.upper() for k in CATALOG] + list(ALIASES)
+    close = difflib.get_close_matches(key, names, n=3, cutoff=0.6)
+    hint = f"did you mean {' or '.join(close)}? " if close else ""
+    raise ZerofitError("gpu", f"unknown GPU {name!r}", hint + "use one of " + ", ".join(CATALOG))
 
 
 def match_gpu_name(product: str) -> str | None:
@@ -83,3 +101,16 @@ def detect_local_gpus() -> tuple[str | None, int]:
         return None, 0
     names = [n.strip() for n in out.splitlines() if n.strip()]
     return (match_gpu_name(names[0]) if names else None), len(names)
+
+
+@functools.lru_cache(maxsize=None)
+def detect_host_ram_gib(meminfo: str = "/proc/meminfo") -> float | None:
+    """This node's RAM in GiB (``MemTotal`` of /proc/meminfo), or None where it cannot be read."""
+    try:
+        with open(meminfo) as fh:
+            for line in fh:
+                if line.startswith("MemTotal:"):
+                    return int(line.split()[1]) / 1024 ** 2   # the value is in kB (KiB)
+    except (OSError, ValueError, IndexError):
+        return None
+    return None

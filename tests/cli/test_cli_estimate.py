@@ -63,3 +63,202 @@ def test_plan_json_and_table(capsys):
     assert out["fits"] is True and out["decisions"] and len(out["alternatives"]) == 16
     assert main(["plan", "--model", "qwen2.5-0.5b", "--gpu", "A10"]) == 0
     assert "alternatives" in capsys.readouterr().out
+
+
+def _calibration_points():
+    import pathlib
+
+    path = pathlib.Path(__file__).resolve().parents[1] / "data" / "mem_h100_qwen2.5-0.5b.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def test_calibration_points_through_the_users_ds_config(capsys, tmp_path):
+    """Issue 8: every H100 point estimated from a JSON holding exactly what the run used
+    (DeepSpeed's default buckets), the torch AdamW client optimizer = the accelerate stack."""
+    import pathlib
+
+    base = json.loads(
+        (
+            pathlib.Path(__file__).resolve().parents[1] / "data" / "ds_calibration_h100.json"
+        ).read_text()
+    )
+    rows = []
+    for i, pt in enumerate(_calibration_points()):
+        ds = json.loads(json.dumps(base))
+        ds["train_micro_batch_size_per_gpu"] = pt["mbs"]
+        ds["zero_optimization"]["stage"] = pt["stage"]
+        if pt["offload"] != "none":
+            ds["zero_optimization"]["offload_optimizer"] = {
+                "device": pt["offload"],
+                "pin_memory": True,
+            }
+        path = tmp_path / f"ds{i}.json"
+        path.write_text(json.dumps(ds))
+        out = _json(
+            capsys,
+            [
+                "estimate",
+                "--model",
+                "qwen2.5-0.5b",
+                "--gpu",
+                "H100-SXM",
+                "--stack",
+                "accelerate",
+                "--optimizer",
+                "adamw_torch",
+                "--seq-len",
+                str(pt["seq"]),
+                "--ds-config",
+                str(path),
+                "--gradient-checkpointing" if pt["gc"] else "--no-gradient-checkpointing",
+                "--json",
+            ],
+        )
+        assert (out["stage"], out["micro_batch"], out["offload_optimizer"]) == (
+            pt["stage"],
+            pt["mbs"],
+            pt["offload"],
+        )
+        err = out["peak_gib"] / pt["peak_alloc_gib"] - 1
+        rows.append(err)
+        assert -0.01 <= err <= 0.02, (pt, out["peak_gib"])
+    assert len(rows) == 9
+
+
+def test_ds_config_values_and_flag_override(capsys, tmp_path):
+    ds = {
+        "bf16": {"enabled": True},
+        "train_micro_batch_size_per_gpu": 4,
+        "gradient_accumulation_steps": 8,
+        "zero_optimization": {
+            "stage": 3,
+            "stage3_prefetch_bucket_size": "auto",
+            "reduce_bucket_size": 2e8,
+        },
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-5}},
+    }
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps(ds))
+    out = _json(capsys, ["estimate", "--model", "qwen2.5-0.5b", "--ds-config", str(path), "--json"])
+    assert (out["stage"], out["micro_batch"], out["grad_accum"]) == (3, 4, 8)
+    assert out["optimizer"] == "ds_fused_adam"  # DeepSpeed builds FusedAdam from the block
+    assert out["breakdown"]["comm_buckets"] == pytest.approx(2e8 * 2 / 2**30, abs=1e-3)
+    flagged = _json(
+        capsys,
+        [
+            "estimate",
+            "--model",
+            "qwen2.5-0.5b",
+            "--ds-config",
+            str(path),
+            "--stage",
+            "2",
+            "--micro-batch",
+            "1",
+            "--json",
+        ],
+    )
+    assert (flagged["stage"], flagged["micro_batch"]) == (2, 1)
+
+
+def test_accelerate_config_reads_its_json_and_processes(capsys, tmp_path):
+    (tmp_path / "ds.json").write_text(
+        json.dumps({"zero_optimization": {"stage": 1}, "bf16": {"enabled": True}})
+    )
+    (tmp_path / "acc.yaml").write_text(
+        "distributed_type: DEEPSPEED\nnum_machines: 2\nnum_processes: 16\n"
+        "mixed_precision: bf16\ndeepspeed_config:\n  deepspeed_config_file: ds.json\n"
+    )
+    out = _json(
+        capsys,
+        [
+            "estimate",
+            "--model",
+            "qwen2.5-0.5b",
+            "--accelerate-config",
+            str(tmp_path / "acc.yaml"),
+            "--json",
+        ],
+    )
+    assert (out["stage"], out["world_size"]) == (1, 16)
+    assert out["outside_peak_gib"]["nccl_buffers"] > 0  # 2 nodes: network ring + tree buffers
+
+
+@pytest.mark.parametrize(
+    "content, field",
+    [("{not json", "--ds-config"), ('{"zero_optimization": {"stage": 7}}', "stage")],
+)
+def test_bad_ds_config_is_one_line(capsys, tmp_path, content, field):
+    path = tmp_path / "ds.json"
+    path.write_text(content)
+    assert main(["estimate", "--ds-config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert field in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_new_stack_flags_reach_the_estimate(capsys):
+    base = [
+        "estimate",
+        "--model",
+        "qwen2.5-0.5b",
+        "--seq-len",
+        "2048",
+        "--micro-batch",
+        "4",
+        "--json",
+    ]
+    hf = _json(capsys, base)
+    assert (hf["stack"], hf["optimizer"], hf["loss_path"]) == ("hf", "adamw_torch_fused", "hf")
+    liger = _json(capsys, base + ["--loss-kernel", "liger"])
+    assert (
+        hf["peak_phase"] == "forward"
+        and liger["peak_gib"] < hf["peak_gib"] - 0.8 * hf["breakdown"]["logits"]
+    )
+    dpo = _json(capsys, base + ["--workload", "dpo"])
+    pre = _json(capsys, base + ["--workload", "dpo", "--precompute-ref"])
+    assert dpo["loss_path"] == "trl_fused" and "reference_model" in dpo["breakdown"]
+    assert "reference_model" not in pre["breakdown"]
+    vllm = _json(
+        capsys,
+        [
+            "estimate",
+            "--model",
+            "qwen2.5-0.5b",
+            "--workload",
+            "grpo",
+            "--seq-len",
+            "512",
+            "--vllm-gpu-memory-utilization",
+            "0.3",
+            "--json",
+        ],
+    )
+    assert vllm["outside_peak_gib"]["vllm_reserved"] == pytest.approx(0.3 * 79.6, abs=0.01)
+    assert main(["estimate", "--gpu", "V100", "--precision", "bf16"]) == 2
+    assert "fp16" in capsys.readouterr().err
+
+
+def test_estimate_names_the_failing_budget(capsys):
+    """Issue 13 item 5: the GPU fits, the node's RAM does not; the text says which, with both
+    numbers."""
+    argv = [
+        "estimate",
+        "--model",
+        "qwen2.5-7b",
+        "--gpu",
+        "RTX4090",
+        "--stage",
+        "2",
+        "--offload-optimizer",
+        "cpu",
+        "--gradient-checkpointing",
+        "--host-ram-gib",
+        "64",
+    ]
+    out = _json(capsys, argv + ["--json"])
+    assert out["fits"] is False and out["fits_gpu"] is True and out["fits_host"] is False
+    assert main(argv) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "fits on the GPU" in text and "GiB of host RAM per node, you gave 64.0" in text
+    for term in ("allocator_fragmentation", "cuda_context", "safety margin", "the GPU must hold"):
+        assert term in text

@@ -155,6 +155,12 @@ def test_resolve_plain_config_json_file(tmp_path):
     assert (spec.params, spec.name, spec.num_kv_heads) == (8_030_261_248, str(path), 8)
 
 
+@pytest.fixture(autouse=True)
+def _hub_head_answers(monkeypatch):
+    """Unit tests fake hf_hub_download; the metadata HEAD before it must not touch the network."""
+    monkeypatch.setattr(models, "_hub_head", lambda repo_id: None)
+
+
 def test_resolve_hub_id_fetches_only_config_json(monkeypatch, tmp_path):
     calls = []
     config = tmp_path / "snap" / "config.json"
@@ -163,11 +169,15 @@ def test_resolve_hub_id_fetches_only_config_json(monkeypatch, tmp_path):
 
     def fake_download(repo_id, filename, **kwargs):
         calls.append((repo_id, filename, kwargs))
+        if kwargs.get("local_files_only"):   # not in the hub cache yet
+            from huggingface_hub import errors
+            raise errors.LocalEntryNotFoundError("not cached")
         return str(config)
 
     monkeypatch.setattr("huggingface_hub.hf_hub_download", fake_download)
     spec = resolve_model("someorg/Tiny-Mistral")
-    assert calls == [("someorg/Tiny-Mistral", "config.json", {})]
+    assert calls == [("someorg/Tiny-Mistral", "config.json", {"local_files_only": True}),
+                     ("someorg/Tiny-Mistral", "config.json", {})]
     assert (spec.name, spec.architecture, spec.vocab_size) == ("someorg/Tiny-Mistral", "mistral", 1000)
     assert spec.params == count_params_meta(_tiny("mistral", vocab_size=1000))["params"]
     config.write_text(json.dumps({"model_type": "llama", "num_hidden_layers": 2}))
@@ -185,7 +195,8 @@ def _raising(err):
     ("someorg/x", "offline", "cannot fetch config.json of someorg/x: offline and not cached"),
     ("qwen2.5-0.5", "missing", "did you mean qwen2.5-0.5b"),
     ("someorg/gated", "gated", "someorg/gated is gated on the Hugging Face Hub"),
-    ("someorg/x", "network", "cannot fetch config.json of someorg/x (connection refused)"),
+    ("someorg/x", "network",
+     "cannot reach the Hugging Face Hub for someorg/x (connection refused)"),
 ])
 def test_hub_failures_are_one_line(monkeypatch, ref, err, expected):
     from huggingface_hub import errors
@@ -293,3 +304,91 @@ def test_typo_of_builtin_fails_fast_without_hub(monkeypatch):
     monkeypatch.setattr("zerofit.models.resolve._download_config", lambda ref: pytest.fail("hub contacted"))
     with pytest.raises(ZerofitError, match="did you mean qwen2.5-7b"):
         resolve_model("qwen2.5-77b")
+
+
+def test_unreachable_hub_fails_fast_in_one_line(tmp_path):
+    """Issue 8: a hub that accepts the connection and never answers (a local socket) costs one
+    short HEAD, not five retries with back-off, and the error is one line."""
+    import socket
+    import time
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)
+    port = server.getsockname()[1]
+    env = {
+        "HF_ENDPOINT": f"http://127.0.0.1:{port}",
+        "HF_HOME": str(tmp_path),
+        "PATH": "/usr/bin:/bin",
+        "PYTHONPATH": str(Path(models.__file__).resolve().parents[2]),
+    }
+    start = time.monotonic()
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "zerofit", "estimate", "--model", "someorg/some-model"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=env,
+        )
+    finally:
+        server.close()
+    took = time.monotonic() - start
+    lines = proc.stderr.strip().splitlines()
+    assert (
+        proc.returncode == 2 and len(lines) == 1 and "someorg/some-model" in lines[0]
+    ), proc.stderr
+    assert "Retrying" not in proc.stderr + proc.stdout
+    # the 1 s HEAD deadline plus interpreter start-up (inflated on a shared 2-core box)
+    assert took < 2 + 3, took
+
+
+@pytest.mark.parametrize(
+    "config, params, inter",
+    [
+        (
+            {
+                "model_type": "qwen",
+                "hidden_size": 4096,
+                "intermediate_size": 22016,
+                "num_hidden_layers": 32,
+                "num_attention_heads": 32,
+                "vocab_size": 151936,
+                "kv_channels": 128,
+                "no_bias": True,
+            },
+            7_721_324_544,
+            11008,
+        ),
+        (
+            {
+                "model_type": "baichuan",
+                "hidden_size": 4096,
+                "intermediate_size": 11008,
+                "num_hidden_layers": 32,
+                "num_attention_heads": 32,
+                "vocab_size": 64000,
+            },
+            7_000_559_616,
+            11008,
+        ),
+        (
+            {
+                "model_type": "baichuan",
+                "hidden_size": 4096,
+                "intermediate_size": 11008,
+                "num_hidden_layers": 32,
+                "num_attention_heads": 32,
+                "vocab_size": 125696,
+            },
+            7_505_973_248,
+            11008,
+        ),
+    ],
+)
+def test_trust_remote_code_families_read_from_config(tmp_path, config, params, inter):
+    """Qwen-7B (v1), Baichuan-7B, Baichuan2-7B: published parameter counts, without their code."""
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**config, "auto_map": {"AutoConfig": "configuration_x.XConfig"}}))
+    spec = resolve_model(str(path))
+    assert (spec.params, spec.intermediate_size) == (params, inter)

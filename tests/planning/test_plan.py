@@ -24,7 +24,9 @@ def test_small_model_one_h100_picks_low_stage_without_offload():
 
 
 def test_70b_on_8_a100_needs_stage3():
-    p = plan(Answers(gpu="A100-80GB", gpus_per_node=8, seq_len=2048, global_batch=64), model=LLAMA31_70B)
+    p = plan(Answers(gpu="A100-80GB", gpus_per_node=8, seq_len=2048, global_batch=64,
+                     host_ram_gib=2048.0),
+             model=LLAMA31_70B)
     assert p.fits and p.stage == 3
     # model states alone: 16 B x 70.6B / 8 = 131 GiB > 71 GiB, so the optimizer goes to CPU
     assert p.offload_optimizer == "cpu" and p.cpu_gib > 1000
@@ -33,11 +35,11 @@ def test_70b_on_8_a100_needs_stage3():
 
 
 def test_72b_on_one_a10_does_not_fit_and_suggests():
-    p = plan(Answers(gpu="A10", seq_len=2048), model=QWEN25_72B)
+    p = plan(Answers(gpu="A10", seq_len=2048, host_ram_gib=64.0), model=QWEN25_72B)
     assert not p.fits
     assert p.decisions[2].field == "fits" and "nothing fits" in p.decisions[2].reason
     text = " | ".join(p.suggestions)
-    assert "nodes" in text and "CPU RAM" in text
+    assert "nodes" in text and "host RAM" in text
 
 
 def test_overrides_are_honoured():
@@ -86,3 +88,41 @@ def test_more_memory_pressure_never_lowers_the_stage():
     stages = [plan(Answers(gpu="H100-SXM", gpus_per_node=8, seq_len=1024, global_batch=64), model=m).stage
               for m in (QWEN25_05B, QWEN25_7B, LLAMA31_70B)]
     assert stages == sorted(stages)
+
+
+def test_bf16_on_a_gpu_without_bf16_is_an_error_naming_the_fix():
+    with pytest.raises(ZerofitError, match="precision.*fp16"):
+        plan(Answers(gpu="T4", precision="bf16", seq_len=1024), model=QWEN25_05B)
+
+
+def test_host_ram_is_the_budget_named_when_it_fails():
+    """Issue 13 item 5: qwen2.5-7b on one RTX 4090 fits the GPU only with offload, and the node's
+    RAM is what fails; the verdict says so, every alternative has its host RAM, and the reason
+    strings compare numbers in the right direction."""
+    p = plan(Answers(gpu="RTX4090", seq_len=2048, host_ram_gib=64.0), model=QWEN25_7B)
+    assert not p.fits and p.failing_budget == "host" and p.host_ram_source == "given"
+    assert all(a.cpu_gib >= 0 for a in p.alternatives)
+    assert any(a.failing == "host" for a in p.alternatives)
+    reasons = {d.field: d.reason for d in p.decisions}
+    assert "fits on the GPU" in reasons["fits"] and "host RAM" in reasons["fits"]
+    assert "64.0 GiB" in reasons["fits"]
+    assert " > " not in reasons["gradient_checkpointing"]   # the old "16.1 GiB > 21.2 GiB"
+    # with enough RAM the same plan fits, and more GPUs in the box come before more nodes
+    roomy = plan(Answers(gpu="RTX4090", seq_len=2048, host_ram_gib=512.0), model=QWEN25_7B)
+    assert roomy.fits and roomy.failing_budget is None
+    # no RAM to offload to: 7B needs ZeRO-3 over 4 A100-40GB, in one box before 4 nodes
+    tips = plan(Answers(gpu="A100-40GB", seq_len=2048, host_ram_gib=1.0),
+                model=QWEN25_7B).suggestions
+    gpus = [i for i, t in enumerate(tips) if "GPUs (" in t]
+    nodes = [i for i, t in enumerate(tips) if "nodes (" in t]
+    assert gpus and (not nodes or gpus[0] < nodes[0])
+
+
+def test_plan_and_estimate_give_one_verdict():
+    from zerofit.cli.commands.estimate import build_estimate
+    a = Answers(model="qwen2.5-7b", gpu="RTX4090", seq_len=2048, host_ram_gib=64.0, stage=2,
+                offload_optimizer="cpu", gradient_checkpointing=True, micro_batch=1, global_batch=1)
+    p = plan(a)
+    e = build_estimate(a)
+    assert p.fits == e["fits"] is False and e["fits_gpu"] and not e["fits_host"]
+    assert p.gpu_need_gib == pytest.approx(e["gpu_need_gib"], abs=0.01)

@@ -192,7 +192,7 @@ def test_defaults_take_the_same_walk_without_prompting():
 
 
 def test_memory_bar_against_capacity():
-    plan = dataclasses.replace(build_plan(gpu="H100-SXM", peak_gib=40.0),
+    plan = dataclasses.replace(build_plan(gpu="H100-SXM", peak_gib=40.0, headroom=0.9),
                                breakdown_gib={"weights": 20.0, "optimizer": 10.0, "activations": 10.0})
     plan = dataclasses.replace(plan, breakdown_gib={**plan.breakdown_gib, "cuda_context (not in peak)": 0.5})
     # 79.6 GiB / 20 cells = 3.98 GiB per cell; the limit (0.9 x 79.6 = 71.6) falls in cell 18
@@ -306,3 +306,18 @@ def test_answers_file_without_a_tty_is_used_as_is(tmp_path, monkeypatch):
     written = (tmp_path / "out" / "answers.yaml").read_text()
     assert "gpu: A10\n" in written and "stage: 3\n" in written
     assert "gpus_per_node: 4\n" in written  # not in the file, so the detected count fills it
+
+
+def test_host_ram_shortfall_is_not_called_a_gpu_oom():
+    """Issue 13 item 5: when offload needs more host RAM than the node has, the warning says so
+    instead of "NOT fit in GPU memory"."""
+    from rich.console import Console
+    plan = dataclasses.replace(build_plan(gpu="RTX4090", peak_gib=3.9, fits=False),
+                               failing_budget="host", cpu_gib=141.9, host_ram_gib=64.0,
+                               host_ram_source="given", gpu_need_gib=5.5)
+    console = Console(width=200, record=True)
+    for part in wizard.render_plan(plan):
+        console.print(part)
+    text = console.export_text()
+    assert "fits on the GPU but needs 141.9 GiB of host RAM" in text and "given: 64.0 GiB" in text
+    assert "NOT to fit in GPU memory" not in text and "the GPU holds 5.5" in text

@@ -23,7 +23,15 @@ def test_order_follows_the_issue():
     names = [q.name for q in build_questions(Answers())]
     assert names == ["model", "gpu", "gpus_per_node", "num_nodes", "main_process_ip", "main_process_port",
                      "launcher", "workload", "num_generations", "completion_len", "seq_len", "global_batch",
-                     "precision"]
+                     "precision", "stack"]
+
+
+def test_stack_is_asked_only_when_it_changes_the_plan():
+    q = qmap()["stack"]
+    assert q.when(answers()) is False            # 0.5B on one H100: every stack gets the same plan
+    # 7B DPO at 4k tokens on 8 H100: TRL's fused head (hf) vs full-vocabulary logits in a plain loop
+    dpo_7b = answers(model="qwen2.5-7b", gpus_per_node=8, workload="dpo", seq_len=4096)
+    assert q.when(dpo_7b) is True
 
 
 @pytest.mark.parametrize("name", ["main_process_ip", "main_process_port", "launcher"])

@@ -9,13 +9,15 @@ import argparse
 from dataclasses import fields
 from pathlib import Path
 
-from zerofit.planning.answers import (ATTENTION, FLAVOURS, LAUNCHERS, OFFLOAD_DEVICES, PRECISIONS, WORKLOADS,
-                       Answers, answers_from_dict, answers_to_dict, load_answers)
+from zerofit.planning.answers import (ATTENTION, FLAVOURS, LAUNCHERS, LOSS_KERNELS, OFFLOAD_DEVICES,
+                                     OPTIMIZERS, PRECISIONS, STACKS, WORKLOADS, Answers,
+                                     answers_from_dict, answers_to_dict, load_answers)
 from zerofit.errors import ZerofitError
 
 _CHOICES = {"workload": WORKLOADS, "precision": PRECISIONS, "offload_optimizer": OFFLOAD_DEVICES,
             "offload_param": OFFLOAD_DEVICES, "launcher": LAUNCHERS, "flavour": FLAVOURS,
-            "attention": ATTENTION, "stage": (0, 1, 2, 3)}
+            "attention": ATTENTION, "stage": (0, 1, 2, 3), "stack": STACKS, "optimizer": OPTIMIZERS,
+            "loss_kernel": LOSS_KERNELS}
 _HELP = {
     "model": "built-in name (e.g. qwen2.5-7b), config.json, model directory, or hub id",
     "gpu": "GPU type from the catalog (e.g. H100-SXM, A100-80GB, L40S)",
@@ -27,7 +29,17 @@ _HELP = {
     "micro_batch": "sequences per GPU per forward (default: the planner picks)",
     "gradient_checkpointing": "recompute activations in backward (default: the planner picks)",
     "flavour": "explicit numbers, or 'auto' values for HF Trainer / TRL",
-    "headroom": "fraction of GPU memory a plan may use (default 0.9)",
+    "headroom": "fraction of GPU memory a plan may use (default 1.0: the safety margin and the "
+                "modelled allocator/NCCL/context terms already keep what the GPU needs free)",
+    "safety_margin_gib": "GiB kept free on top of every modelled term (default 1.0)",
+    "stack": "what runs the training: hf (Trainer, TRL, LLaMA-Factory, axolotl; default), "
+             "accelerate (a plain loop, e.g. our recipes) or deepspeed (optimizer from the JSON)",
+    "optimizer": "optimizer implementation (default: what the stack runs; hf: adamw_torch_fused)",
+    "loss_kernel": "hf (full-vocabulary logits, default) or liger (fused linear cross-entropy)",
+    "precompute_ref": "dpo: reference log-probs precomputed (TRL precompute_ref_log_probs)",
+    "vllm_gpu_memory_utilization": "grpo: colocated vLLM's share of each GPU (e.g. 0.3)",
+    "steps_per_generation": "grpo: micro batches generated at once (default: grad accumulation)",
+    "host_ram_gib": "host RAM per node in GiB (default: this node's, from /proc/meminfo)",
 }
 _ALIASES = {"num_nodes": ["--nodes"]}
 
@@ -43,7 +55,7 @@ def add_answer_flags(parser: argparse.ArgumentParser) -> None:
             kwargs["action"] = argparse.BooleanOptionalAction
         else:
             kwargs["type"] = int if f.name in ("stage",) or f.type.startswith("int") else (
-                float if f.type == "float" else str)
+                float if f.type.startswith("float") else str)
             if f.name in _CHOICES:
                 kwargs["choices"] = _CHOICES[f.name]
             kwargs["metavar"] = f.name.upper()

@@ -6,11 +6,13 @@ Pure arithmetic in bytes, no torch import. The peak is the maximum over the phas
 - ``forward``  end of forward / start of backward: model states + stored activations + the fp32
   loss path over the full vocabulary (log_softmax, its grad and the grad it produces);
 - ``backward`` gradient buckets allocated at the first grad hook + activations still held;
-- ``step``     optimizer.step(): fp32 grad copy and AdamW's foreach temporary;
+- ``step``     optimizer.step(): fp32 grad copy and the optimizer implementation's temporaries;
 - ``reference`` (dpo/grpo with reference) the frozen model's forward without grad;
-- ``rollout``  (grpo) generation with its KV cache and sampling logits.
+- ``rollout``  (grpo, transformers generate) generation with its KV cache and sampling logits.
 
-The CUDA context (~0.5 GiB, not in max_memory_allocated) is reported separately.
+What the GPU holds outside max_memory_allocated (CUDA context, allocator fragmentation, NCCL
+buffers, a colocated vLLM's share) is computed in ``overheads`` and added by ``gpu_need_bytes``;
+``fits`` compares that total plus a small safety margin with the GPU's memory.
 """
 from __future__ import annotations
 
@@ -18,10 +20,13 @@ import math
 from dataclasses import dataclass, field
 
 from zerofit.memory import activations as act
+from zerofit.memory import losses
+from zerofit.memory import overheads as oh
 from zerofit.memory import states as st
+from zerofit.memory.optimizers import host_step_temporary_bytes, resolve_optimizer
 
 GIB = 1024 ** 3
-CUDA_CONTEXT_BYTES = int(0.5 * GIB)   # measured: 0.514 GiB used on an H100 before the model existed
+CUDA_CONTEXT_BYTES = oh.CUDA_CONTEXT_BYTES   # measured: 0.514 GiB on an H100 before the model
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 
 # DeepSpeed's own defaults (what the calibration runs used: no bucket keys in their JSON).
@@ -35,7 +40,12 @@ DEEPSPEED_DEFAULT_BUCKETS = {
 
 @dataclass(frozen=True)
 class TrainSetup:
-    """One training configuration on one rank's view. ``buckets=None``: zerofit's JSON sizes."""
+    """One training configuration on one rank's view. ``buckets=None``: zerofit's JSON sizes.
+
+    ``stack`` defaults to ``accelerate`` here (a plain loop with torch's foreach AdamW, what the
+    calibration runs used); ``Answers.stack`` defaults to ``hf``, what most users run, and the
+    planner passes it through.
+    """
 
     stage: int = 2
     world_size: int = 1
@@ -54,6 +64,15 @@ class TrainSetup:
     reference_model: bool | None = None
     overlap_comm: bool = True
     buckets: dict | None = None
+    # --- the training stack (see memory/optimizers.py and memory/losses.py for the sources)
+    stack: str = "accelerate"            # hf | accelerate | deepspeed
+    optimizer: str | None = None         # None: what the stack runs
+    ds_optimizer_block: bool = False     # the DeepSpeed JSON has an ``optimizer`` block
+    loss_kernel: str = "hf"              # hf | liger
+    precompute_ref: bool = False         # dpo: reference log-probs computed before training
+    vllm_gpu_memory_utilization: float | None = None   # grpo: colocated vLLM's share of the GPU
+    steps_per_generation: int | None = None            # grpo: None = grad_accum (TRL default)
+    interconnect: str = "nvlink"         # intra-node link, sizes NCCL's channels
 
     def bucket_sizes(self, hidden_size: int) -> dict:
         """Bucket sizes in elements: explicit ones, else what zerofit writes, over DS defaults."""
@@ -64,9 +83,18 @@ class TrainSetup:
 
     @property
     def uses_reference(self) -> bool:
+        """A reference model is loaded (TRL: dpo always, grpo when beta > 0) unless its log-probs
+        were precomputed (``DPOTrainer.__init__`` sets ``ref_model = None`` then)."""
+        if self.precompute_ref:
+            return False
         if self.reference_model is not None:
             return self.reference_model and self.workload in ("dpo", "grpo")
         return self.workload == "dpo"
+
+    @property
+    def optimizer_impl(self) -> str:
+        return resolve_optimizer(self.stack, self.optimizer, self.offload_optimizer,
+                                 self.ds_optimizer_block)
 
 
 @dataclass(frozen=True)
@@ -77,6 +105,11 @@ class MemoryEstimate:
     phases: dict[str, int] = field(default_factory=dict)   # every phase's total
     cpu_bytes: int = 0                    # host RAM for offload, per node
     context_bytes: int = CUDA_CONTEXT_BYTES
+    allocator_bytes: int = 0              # caching-allocator fragmentation (overheads.py)
+    nccl_bytes: int = 0                   # NCCL communicator buffers per rank
+    vllm_fraction: float = 0.0            # colocated vLLM's share of the GPU
+    optimizer: str = "adamw_torch"        # the implementation that was assumed
+    loss_path: str = "hf"
 
     @property
     def peak_gib(self) -> float:
@@ -86,59 +119,112 @@ class MemoryEstimate:
     def cpu_gib(self) -> float:
         return self.cpu_bytes / GIB
 
-    def breakdown_gib(self) -> dict[str, float]:
-        """Breakdown in GiB (rounded to 3 places), plus the CUDA context kept apart."""
+    def outside_bytes(self, capacity_gib: float) -> dict[str, int]:
+        """What the GPU holds beyond max_memory_allocated, by term."""
+        return {"allocator_fragmentation": self.allocator_bytes, "nccl_buffers": self.nccl_bytes,
+                "cuda_context": self.context_bytes,
+                "vllm_reserved": int(self.vllm_fraction * capacity_gib * GIB)}
+
+    def gpu_need_bytes(self, capacity_gib: float) -> int:
+        """Everything the GPU has to hold: the allocated peak plus every outside term."""
+        return self.peak_bytes + sum(self.outside_bytes(capacity_gib).values())
+
+    def breakdown_gib(self, capacity_gib: float | None = None) -> dict[str, float]:
+        """Breakdown in GiB (rounded to 3 places), then the terms outside the peak, marked so."""
         out = {k: round(v / GIB, 3) for k, v in self.breakdown.items() if v}
-        out["cuda_context (not in peak)"] = round(self.context_bytes / GIB, 3)
+        outside = self.outside_bytes(capacity_gib or 0.0)
+        for name, value in outside.items():
+            if value or name == "cuda_context":
+                out[f"{name} (not in peak)"] = round(value / GIB, 3)
         return out
 
-    def fits(self, capacity_gib: float, headroom: float = 0.9) -> bool:
-        """True when peak + CUDA context stay within ``capacity_gib * headroom``; the headroom
-        absorbs allocator fragmentation (reserved exceeds allocated by a few GiB in practice)."""
-        return self.peak_bytes + self.context_bytes <= capacity_gib * headroom * GIB
+    def fits(self, capacity_gib: float, headroom: float = 1.0,
+             safety_margin_gib: float = oh.DEFAULT_SAFETY_MARGIN_GIB) -> bool:
+        """True when the allocated peak, every outside term and the safety margin stay within
+        ``capacity_gib * headroom`` (headroom 1.0: the whole GPU; lower it to keep some free)."""
+        need = self.gpu_need_bytes(capacity_gib) + safety_margin_gib * GIB
+        return need <= capacity_gib * headroom * GIB
 
 
 def estimate_memory(model, setup: TrainSetup) -> MemoryEstimate:
     """Predict the per-GPU peak and its breakdown for ``model`` trained as ``setup``."""
     s, b = setup, DTYPE_BYTES[setup.precision]
     buckets = s.bucket_sizes(model.hidden_size)
-    seqs = s.micro_batch * (2 if s.workload == "dpo" else 1)          # dpo: chosen + rejected
+    # dpo: TRL concatenates chosen + rejected into one forward (DPOTrainer concatenated inputs)
+    seqs = s.micro_batch * (2 if s.workload == "dpo" else 1)
     tokens = seqs * s.seq_len
     # grpo scores only completion tokens (logits_to_keep); sft/dpo score every position
     logit_tokens = seqs * s.completion_len if s.workload == "grpo" else tokens
+    path = losses.loss_path(s.stack, s.workload, s.loss_kernel)
+    optimizer = s.optimizer_impl
 
     resident = st.resident_states(model, s, b, buckets)
     if s.uses_reference:
+        # trl/models/utils.py:prepare_deepspeed: the reference keeps ZeRO-3 (sharded) only under
+        # stage 3; any other stage is turned into stage 0, a full bit16 replica on every GPU
         ref_shard = math.ceil(model.params / s.world_size) if s.stage == 3 else model.params
         resident["reference_model"] = 0 if (s.stage == 3 and s.offload_param != "none") else ref_shard * b
     live = {"live_params": st.stage3_live_params(model, s, b, buckets)}
 
     stored = act.stored_activation_bytes(model, b, tokens, seqs, s.seq_len, s.attention,
                                          s.gradient_checkpointing)
+    loss_bytes = losses.train_loss_bytes(path, model, b, logit_tokens)
     phases: dict[str, dict[str, int]] = {}
-    phases["forward"] = {**resident, **live, "activations": stored,
-                         "logits": act.logits_peak_bytes_per_token(model, b) * logit_tokens}
+    phases["forward"] = {**resident, **live, "activations": stored, "logits": loss_bytes}
     if s.gradient_checkpointing:
         in_backward = stored + act.recompute_bytes(model, b, tokens, seqs, s.seq_len, s.attention)
     else:
         in_backward = stored + act.backward_temporaries_bytes(model, b, tokens)
-    phases["backward"] = _merge(resident, live, st.backward_buffers(model, s, b, buckets),
-                                {"activations": in_backward})
-    phases["step"] = _merge(resident, st.step_buffers(model, s, b, buckets))
+    backward = st.backward_buffers(model, s, b, buckets)
+    phases["backward"] = _merge(resident, live, backward, {"activations": in_backward})
+    step = st.step_buffers(model, s, b, buckets, optimizer)
+    phases["step"] = _merge(resident, step)
     if s.uses_reference:
         one_layer = act.layer_bytes_per_token(model, b, s.attention) * tokens
         phases["reference"] = {**resident, **live, "activations": one_layer,
-                               "logits": (b + act.FP32) * model.vocab_size * logit_tokens}
-    if s.workload == "grpo":
+                               "logits": losses.reference_loss_bytes(path, model, b, logit_tokens)}
+    if s.workload == "grpo" and not s.vllm_gpu_memory_utilization:
+        # with vLLM colocated, generation happens inside vLLM's own share (vllm_reserved)
         phases["rollout"] = {**resident, **_rollout(model, s, b)}
 
     totals = {name: sum(parts.values()) for name, parts in phases.items()}
     peak_phase = max(totals, key=totals.get)
+    # blocks freed before the peak and split for smaller live tensors leave the unusable range
+    largest = max((_largest_transient(name, path, model, b, logit_tokens, backward, step, parts)
+                   for name, parts in phases.items() if name != peak_phase), default=0)
     cpu = st.cpu_bytes_per_rank(model, s, b, buckets) * s.gpus_per_node
+    if s.offload_optimizer == "cpu":
+        owned = math.ceil(model.params / s.world_size)
+        cpu += host_step_temporary_bytes(optimizer, owned) * s.gpus_per_node
     if s.uses_reference and s.stage == 3 and s.offload_param == "cpu":
         cpu += math.ceil(model.params / s.world_size) * b * s.gpus_per_node
-    return MemoryEstimate(totals[peak_phase], {k: v for k, v in phases[peak_phase].items() if v},
-                          peak_phase, totals, cpu)
+    return MemoryEstimate(
+        totals[peak_phase], {k: v for k, v in phases[peak_phase].items() if v}, peak_phase, totals,
+        cpu,
+        allocator_bytes=oh.allocator_fragmentation_bytes(model, s.gradient_checkpointing, largest),
+        nccl_bytes=oh.nccl_buffer_bytes(s.world_size, s.gpus_per_node, s.interconnect),
+        vllm_fraction=float(s.vllm_gpu_memory_utilization or 0.0), optimizer=optimizer,
+        loss_path=path)
+
+
+def _largest_transient(phase: str, path: str, model, b: int, logit_tokens: int, backward: dict,
+                       step: dict, parts: dict) -> int:
+    """The biggest single short-lived tensor of ``phase`` (a phase other than the peak's sizes
+    the allocator's worst unusable free range, see overheads.py)."""
+    h, v = model.hidden_size, model.vocab_size
+    if phase in ("forward", "reference"):
+        if path == "hf":
+            return act.FP32 * v * logit_tokens         # the fp32 logits / log_softmax tensor
+        return v * h * (act.FP32 if path == "trl_fused" else b)   # the LM-head grad accumulator
+    if phase == "backward":
+        return max(backward.get("comm_buckets", 0) // 2, backward.get("gradients", 0),
+                   backward.get("tied_embedding_grad", 0))
+    if phase == "step":
+        if "optimizer_step_temp" in step:
+            return max(step["fp32_grads"], step["optimizer_step_temp"])
+        # fp32_grads holds the flattened bit16 copy and the fp32 copy: the fp32 one is the larger
+        return step.get("fp32_grads", 0) * act.FP32 // (act.FP32 + b)
+    return max(parts.get("kv_cache", 0) // max(1, model.num_layers), parts.get("rollout", 0) // 2)
 
 
 def _merge(*parts: dict[str, int]) -> dict[str, int]:
@@ -150,13 +236,14 @@ def _merge(*parts: dict[str, int]) -> dict[str, int]:
 
 
 def _rollout(model, s: TrainSetup, b: int) -> dict[str, int]:
-    """Generation of one generation batch (TRL: micro_batch x steps_per_generation completions).
+    """Generation of one generation batch (TRL: micro_batch x steps_per_generation completions,
+    ``steps_per_generation`` defaulting to gradient_accumulation_steps in ``GRPOConfig``).
 
     KV cache: batch x seq x layers x 2 (k, v) x kv_heads x head_dim; sampling keeps the last
     position's logits, their fp32 copy and the softmax probabilities; ZeRO-3 gathers the whole
     model for generation (ds3_gather_for_generation) when there is more than one rank.
     """
-    batch = s.micro_batch * s.grad_accum
+    batch = s.micro_batch * (s.steps_per_generation or s.grad_accum)
     kv = batch * s.seq_len * model.num_layers * 2 * model.num_kv_heads * model.head_dim * b
     prompt = max(1, s.seq_len - s.completion_len)
     prefill = act.layer_bytes_per_token(model, b, s.attention) * batch * prompt

@@ -93,38 +93,47 @@ def backward_buffers(model, s, b: int, buckets: dict) -> dict[str, int]:
     return out
 
 
-def step_buffers(model, s, b: int, buckets: dict) -> dict[str, int]:
+def step_buffers(model, s, b: int, buckets: dict, optimizer: str = "adamw_torch") -> dict[str, int]:
     """Transient bytes of ``optimizer.step()`` on the GPU, on top of the resident states.
 
     Stage 1/2: the bit16 grad partition, its flattened copy and the fp32 copy
-    (``flat_grad_partition.to(fp32)``) coexist, then the fp32 grad plus torch AdamW's foreach
-    ``sqrt(exp_avg_sq)`` temporary; both are 8 bytes per owned parameter for bf16.
-    Stage 3 does the same per sub-group (``sub_group_size``). Offloaded optimizers step on CPU.
+    (``flat_grad_partition.to(fp32)``) coexist; then the fp32 grad plus the optimizer's own
+    temporaries (``optimizers.step_temporary_bytes``: torch foreach AdamW's ``sqrt(exp_avg_sq)``,
+    the for-loop's sqrt and quotient, none for fused kernels). The optimizer steps the flat fp32
+    partition, one tensor. Stage 3 does the same per sub-group (``sub_group_size``).
+    Offloaded optimizers step on CPU.
     """
+    from zerofit.memory.optimizers import step_temporary_bytes
+
     p, n = model.params, s.world_size
     if s.offload_optimizer != "none":
         return {}
     if s.stage == 3:
         sub = min(math.ceil(p / n), int(buckets.get("sub_group_size", 1_000_000_000)))
-        if b + FP32 > 2 * FP32:   # fp32 model: flatten copy + cast copy outweigh Adam's temporary
+        temp = step_temporary_bytes(optimizer, sub, sub)
+        if b + FP32 > FP32 + temp:   # flatten copy + cast copy outweigh the optimizer's temporary
             return {"fp32_grads": sub * (b + FP32)}
-        return {"fp32_grads": sub * FP32, "optimizer_step_temp": sub * FP32}
+        return {"fp32_grads": sub * FP32, "optimizer_step_temp": temp}
     shard = p if s.stage == 0 else math.ceil(p / n)
     # the averaged bit16 grads are still referenced until the fp32 copy exists
     # (with accumulation they are already counted among the resident states)
     held = {"gradients": shard * b} if s.grad_accum == 1 else {}
     cast = shard * (b + FP32)                        # flattened bit16 copy + fp32 copy
-    adam = shard * (FP32 + FP32)                     # fp32 grad + foreach temporary
-    if cast >= adam:
+    temp = step_temporary_bytes(optimizer, shard, shard)
+    if sum(held.values()) + cast >= shard * FP32 + temp:
         return {**held, "fp32_grads": cast}
-    return {"fp32_grads": shard * FP32, "optimizer_step_temp": shard * FP32}
+    # by the optimizer's own step the bit16 grads and the flattened copy are freed
+    return {"fp32_grads": shard * FP32, "optimizer_step_temp": temp}
 
 
 def stage3_live_params(model, s, b: int, buckets: dict) -> int:
     """Gathered (full) parameters resident during forward/backward under ZeRO-3 with N > 1:
     the current module, the prefetch bucket and, at the loss, the lm_head matrix; bounded by
-    ``stage3_max_live_parameters``. With one rank DeepSpeed skips the gather (no extra bytes)."""
-    if s.stage != 3 or s.world_size == 1:
+    ``stage3_max_live_parameters``. With one rank DeepSpeed skips the gather
+    (``partition_parameters.py:_no_gather_coalesced``): ``NoGatherHandle`` sets ``param.data =
+    ds_tensor.to(device)``, no copy when the partition is on the GPU, a full copy of each module
+    when parameters are offloaded to the CPU."""
+    if s.stage != 3 or (s.world_size == 1 and s.offload_param == "none"):
         return 0
     prefetch = int(buckets.get("stage3_prefetch_bucket_size", 50_000_000))
     live = model.vocab_size * model.hidden_size + layer_params(model) + prefetch

@@ -162,8 +162,13 @@ def _meta_failure(config: dict, where: str, err: Exception, version: str) -> Zer
     model_type = config.get("model_type")
     if model_type not in CONFIG_MAPPING:
         remote = " (it needs trust_remote_code, which zerofit never runs)" if "auto_map" in config else ""
+        if remote:   # custom code in the repo: a newer transformers would not know it either
+            return ZerofitError("model",
+                                f"{where}: architecture {model_type!r} ships its own code{remote}",
+                                "use the transformers-native port of the model (e.g. Qwen2 for "
+                                "Qwen v1) or a built-in name with the same shape")
         return ZerofitError("model", f"{where}: architecture {model_type!r} is unknown to transformers "
-                            f"{version}{remote}",
+                            f"{version}",
                             "upgrade transformers, or use a transformers-native config or a built-in name")
     detail = str(err).splitlines()[0] if str(err) else type(err).__name__
     return ZerofitError("model", f"{where}: transformers cannot build {model_type!r}: {detail}",
@@ -184,9 +189,42 @@ def _cache_key(config: dict) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
+# Models whose code lives in their hub repo (``auto_map``, trust_remote_code): zerofit never runs
+# that code, it reads the shape fields. Qwen v1 (Qwen/Qwen-7B modeling_qwen.py: QWenAttention
+# c_attn = Linear(h, 3 * kv_channels * heads, bias) and c_proj without bias; QWenMLP w1/w2 of
+# intermediate_size // 2 and c_proj back; RMSNorm ln_1/ln_2/ln_f; untied lm_head) and Baichuan
+# (baichuan-inc modeling_baichuan.py: W_pack = Linear(h, 3h, bias=False), o_proj, a LLaMA MLP,
+# RMSNorms; lm_head or NormHead of V x h, untied).
+_REMOTE_CODE_FAMILIES = ("qwen", "baichuan")
+
+
+def count_params_remote_code(config: dict, where: str = "config.json") -> dict | None:
+    """Shape fields + exact counts for a trust_remote_code family, read from config.json."""
+    family = config.get("model_type")
+    if family not in _REMOTE_CODE_FAMILIES:
+        return None
+    h, inter, layers, heads, vocab = (_positive(config, k, where) for k in _REQUIRED)
+    tie = bool(config.get("tie_word_embeddings", False))
+    if family == "qwen":
+        hd = _positive(config, "kv_channels", where) if config.get("kv_channels") else h // heads
+        proj, mlp = heads * hd, inter // 2
+        attn = h * 3 * proj + 3 * proj + proj * h + (0 if config.get("no_bias", True) else h)
+        dense = 3 * h * mlp
+    else:
+        hd, proj, mlp = h // heads, h, inter
+        attn, dense = 4 * h * h, 3 * h * inter
+    total = layers * (attn + dense + 2 * h) + vocab * h * (1 if tie else 2) + h
+    return dict(architecture=family, hidden_size=h, intermediate_size=mlp, num_layers=layers,
+                num_heads=heads, num_kv_heads=heads, head_dim=hd, vocab_size=vocab,
+                tie_embeddings=tie,
+                params=total, active_params=total, num_experts=0, experts_per_token=0,
+                moe_intermediate_size=0)
+
+
 def count_params(config: dict, where: str = "config.json") -> dict:
-    """Shape fields + exact counts: the closed formula for known families, else meta-device build (cached)."""
-    record = count_params_analytic(config, where)
+    """Shape fields + exact counts: the closed formula for known families (and the
+    trust_remote_code families zerofit reads), else meta-device build (cached)."""
+    record = count_params_analytic(config, where) or count_params_remote_code(config, where)
     if record is not None:
         return record
     if not config.get("model_type"):
@@ -277,6 +315,9 @@ def _read_json(path: Path) -> dict:
                            "fix the file, or re-download config.json") from err
 
 
+HUB_TIMEOUT_S = 1.0   # seconds for the one metadata request (a reachable hub answers in ~0.2 s)
+
+
 def _download_config(repo_id: str) -> Path:
     """Fetch only config.json of a hub repo; every failure becomes one ZerofitError line."""
     from huggingface_hub import errors, hf_hub_download
@@ -286,11 +327,55 @@ def _download_config(repo_id: str) -> Path:
     except errors.HFValidationError as err:
         raise ZerofitError("model", f"{repo_id!r} is not a built-in name, a local path or a hub id",
                            _suggest(repo_id)) from err
+    from huggingface_hub import constants as hub_constants
+    from huggingface_hub.utils import logging as hub_logging
+    level, telemetry = hub_logging.get_verbosity(), hub_constants.HF_HUB_DISABLE_TELEMETRY
+    hub_logging.set_verbosity_error()   # no "Retrying in 8s" lines: the answer is one line
+    # the user-agent header otherwise fetches an agent registry from the hub first, with its own
+    # timeout (huggingface_hub/utils/_headers.py:_http_user_agent -> _detect_agent.detect_agent)
+    hub_constants.HF_HUB_DISABLE_TELEMETRY = True
     try:
+        try:   # a config.json already in the hub cache answers without the network
+            return Path(hf_hub_download(repo_id=repo_id, filename="config.json",
+                                        local_files_only=True))
+        except errors.LocalEntryNotFoundError:
+            pass
+        _hub_head(repo_id)          # unreachable: one line now, not five retries
         return Path(hf_hub_download(repo_id=repo_id, filename="config.json"))
     except Exception as err:  # every failure, network ones included, becomes one line
         problem, fix = _hub_failure(repo_id, err, errors)
         raise ZerofitError("model", problem, fix) from err
+    finally:
+        hub_logging.set_verbosity(level)
+        hub_constants.HF_HUB_DISABLE_TELEMETRY = telemetry
+
+
+def _hub_head(repo_id: str) -> None:
+    """One HEAD request for config.json, no retries (``get_hf_file_metadata`` defaults to
+    ``retry_on_errors=False``), bounded by a hard deadline, so an unreachable hub fails in under
+    2 s; ``hf_hub_download`` alone retries a file missing from the cache 5 times with back-off
+    (``huggingface_hub/file_download.py``, the ``_DEFAULT_RETRY_ON_EXCEPTIONS`` branch). The
+    request runs in a daemon thread because the HTTP client's own timeout applies per phase
+    (connect, read, ...) and was measured at 3x the value given against a silent server."""
+    import threading
+
+    from huggingface_hub import get_hf_file_metadata, hf_hub_url
+    outcome: list = []
+
+    def head() -> None:
+        try:
+            get_hf_file_metadata(hf_hub_url(repo_id, "config.json"), timeout=HUB_TIMEOUT_S)
+            outcome.append(None)
+        except Exception as err:   # handed to the caller below
+            outcome.append(err)
+
+    worker = threading.Thread(target=head, daemon=True)
+    worker.start()
+    worker.join(HUB_TIMEOUT_S)
+    if not outcome:
+        raise TimeoutError(f"no answer from the hub in {HUB_TIMEOUT_S:g} s")
+    if outcome[0] is not None:
+        raise outcome[0]
 
 
 def _hub_failure(repo_id: str, err: Exception, errors) -> tuple[str, str]:
@@ -305,6 +390,10 @@ def _hub_failure(repo_id: str, err: Exception, errors) -> tuple[str, str]:
     if isinstance(err, (errors.RemoteEntryNotFoundError, errors.EntryNotFoundError)):
         return f"hub repo {repo_id} has no config.json", "pass a transformers model repo"
     detail = str(err).splitlines()[0] if str(err) else type(err).__name__
+    if (isinstance(err, (OSError, TimeoutError))
+            or any(word in type(err).__name__ for word in ("Connect", "Timeout", "Network"))):
+        return (f"cannot reach the Hugging Face Hub for {repo_id} ({detail})",
+                "check the network (or HF_ENDPOINT), or download config.json and pass its path")
     return (f"cannot fetch config.json of {repo_id} ({detail})",
             "check the network and HF_HUB_OFFLINE, or download config.json and pass its path")
 

@@ -13,6 +13,9 @@ OFFLOAD_DEVICES = ("none", "cpu", "nvme")
 LAUNCHERS = ("accelerate", "torchrun", "env", "slurm", "deepspeed")
 FLAVOURS = ("explicit", "auto")
 ATTENTION = ("sdpa", "eager", "flash_attention_2")
+STACKS = ("hf", "accelerate", "deepspeed")
+OPTIMIZERS = ("adamw_torch", "adamw_torch_fused", "adamw_forloop", "ds_fused_adam", "ds_cpu_adam")
+LOSS_KERNELS = ("hf", "liger")
 
 
 @dataclass(frozen=True)
@@ -33,6 +36,14 @@ class Answers:
     completion_len: int = 256            # grpo: generated tokens per completion (part of seq_len)
     reference_model: bool | None = None  # None: dpo yes, grpo no (beta = 0), sft no
     attention: str = "sdpa"
+    # --- the training stack (memory/optimizers.py, memory/losses.py derive what each implies)
+    stack: str = "hf"                    # hf (Trainer/TRL/LLaMA-Factory) | accelerate | deepspeed
+    optimizer: str | None = None         # None: what the stack runs (hf: adamw_torch_fused)
+    loss_kernel: str = "hf"              # hf (full logits) | liger (fused linear cross-entropy)
+    precompute_ref: bool = False         # dpo: precompute_ref_log_probs (no reference model)
+    vllm_gpu_memory_utilization: float | None = None   # grpo: colocated vLLM's share of the GPU
+    steps_per_generation: int | None = None            # grpo: None = gradient accumulation steps
+    host_ram_gib: float | None = None    # host RAM per node; None: this node's MemTotal
     # --- overrides of the planner's decisions
     stage: int | None = None
     offload_optimizer: str | None = None
@@ -45,7 +56,8 @@ class Answers:
     launcher: str = "accelerate"
     main_process_ip: str = "127.0.0.1"
     main_process_port: int = 29500
-    headroom: float = 0.9                # fraction of GPU memory a plan may use
+    headroom: float = 1.0                # fraction of GPU memory a plan may use
+    safety_margin_gib: float = 1.0       # kept free on top of every modelled term (overheads.py)
 
     @property
     def world_size(self) -> int:
@@ -58,9 +70,10 @@ class Answers:
 
 _CHOICES = {"workload": WORKLOADS, "precision": PRECISIONS, "offload_optimizer": OFFLOAD_DEVICES,
             "offload_param": OFFLOAD_DEVICES, "launcher": LAUNCHERS, "flavour": FLAVOURS,
-            "attention": ATTENTION}
+            "attention": ATTENTION, "stack": STACKS, "optimizer": OPTIMIZERS,
+            "loss_kernel": LOSS_KERNELS}
 _POSITIVE = ("gpus_per_node", "num_nodes", "seq_len", "global_batch", "num_generations",
-             "completion_len", "micro_batch")
+             "completion_len", "micro_batch", "steps_per_generation")
 
 
 def validate_answers(a: Answers) -> Answers:
@@ -79,6 +92,16 @@ def validate_answers(a: Answers) -> Answers:
         raise ZerofitError("main_process_port", f"{a.main_process_port!r} is out of range", "use 1-65535")
     if not 0.1 <= a.headroom <= 1.0:
         raise ZerofitError("headroom", f"{a.headroom!r} is out of range", "use a fraction in 0.1-1.0")
+    if a.vllm_gpu_memory_utilization is not None and not 0.0 < a.vllm_gpu_memory_utilization < 1.0:
+        raise ZerofitError("vllm_gpu_memory_utilization",
+                           f"{a.vllm_gpu_memory_utilization!r} is out of range",
+                           "use a fraction between 0 and 1, e.g. 0.3 (TRL's default)")
+    if a.host_ram_gib is not None and a.host_ram_gib <= 0:
+        raise ZerofitError("host_ram_gib", f"{a.host_ram_gib!r} must be positive",
+                           "give the node's RAM in GiB")
+    if not 0.0 <= a.safety_margin_gib <= 64.0:
+        raise ZerofitError("safety_margin_gib", f"{a.safety_margin_gib!r} is out of range",
+                           "use 0-64 GiB")
     if a.workload == "grpo" and a.completion_len >= a.seq_len:
         raise ZerofitError("completion_len", f"{a.completion_len} leaves no room for a prompt in seq_len {a.seq_len}",
                            "raise seq_len or lower completion_len")
@@ -90,7 +113,12 @@ def validate_answers(a: Answers) -> Answers:
     if not isinstance(a.model, str) or not a.model.strip():
         raise ZerofitError("model", "is empty", "give a built-in name, a config.json, a model directory or a hub id")
     from zerofit.hardware import lookup  # local: keeps this module importable without the catalog cost
-    lookup(a.gpu)
+    gpu = lookup(a.gpu)
+    if a.precision == "bf16" and not gpu.bf16:
+        # DeepSpeed would stop at start-up (no bf16 kernels before Ampere); the wizard re-asks this
+        raise ZerofitError("precision", f"bf16 is not supported by {gpu.name}",
+                           "use --precision fp16 (loss scaling) or fp32, "
+                           "or a GPU with bf16 (A100 or newer)")
     return a
 
 
@@ -117,7 +145,7 @@ def answers_from_dict(data: dict[str, Any]) -> Answers:
             value = str(value)
         if value is not None and "int" in expected and "bool" not in expected and not isinstance(value, int):
             raise ZerofitError(key, f"{value!r} is not an integer", f"set {key} to a whole number")
-        if value is not None and expected == "float" and not isinstance(value, float):
+        if value is not None and expected.startswith("float") and not isinstance(value, float):
             raise ZerofitError(key, f"{value!r} is not a number", f"set {key} to a number")
         clean[key] = value
     return validate_answers(Answers(**clean))

@@ -22,6 +22,9 @@ class Alternative:
     micro_batch: int
     peak_gib: float
     fits: bool
+    gpu_need_gib: float = 0.0   # peak + allocator, NCCL, CUDA context, vLLM + safety margin
+    cpu_gib: float = 0.0        # host RAM per node
+    failing: str | None = None  # "gpu", "host", "gpu+host" or None
 
 
 @dataclass(frozen=True)
@@ -47,6 +50,12 @@ class Plan:
     decisions: tuple[Decision, ...] = ()
     alternatives: tuple[Alternative, ...] = ()
     suggestions: tuple[str, ...] = ()  # what would fit, when nothing does
+    gpu_need_gib: float = 0.0          # everything the GPU holds, compared with its memory
+    host_ram_gib: float = 0.0          # host RAM per node the verdict used
+    host_ram_source: str = ""          # given | this node | assumed
+    failing_budget: str | None = None  # gpu | host | gpu+host when it does not fit
+    optimizer: str = ""                # the optimizer implementation the estimate assumed
+    loss_path: str = ""                # hf | liger | trl_fused
 
 
 def plan(answers: Answers, model: Any = None) -> Plan:
@@ -57,7 +66,8 @@ def plan(answers: Answers, model: Any = None) -> Plan:
     nothing fits, the least-memory candidate is returned with ``fits=False`` and suggestions.
     """
     from zerofit.hardware import lookup
-    from zerofit.planning.planner import best_of, evaluate, micro_choices, option_grid, pick_global_batch, pick_precision
+    from zerofit.planning.planner import (best_of, evaluate, host_ram_gib, micro_choices,
+                                          option_grid, pick_global_batch, pick_precision)
     from zerofit.planning.reasons import decide, suggest
 
     if model is None:
@@ -66,6 +76,7 @@ def plan(answers: Answers, model: Any = None) -> Plan:
     gpu = lookup(answers.gpu)
     world = answers.world_size
     precision, precision_why = pick_precision(answers, gpu)
+    ram, ram_source = host_ram_gib(answers, gpu)
     global_batch, batch_why = pick_global_batch(answers)
     per_rank = global_batch // world
     micros = micro_choices(answers, per_rank)
@@ -84,13 +95,19 @@ def plan(answers: Answers, model: Any = None) -> Plan:
     for key in dict.fromkeys((c.stage, c.offload_optimizer, c.offload_param, c.gradient_checkpointing) for c in everything):
         c = best_of([x for x in everything if (x.stage, x.offload_optimizer, x.offload_param, x.gradient_checkpointing) == key])
         alternatives.append(Alternative(c.stage, c.offload_optimizer, c.offload_param, c.gradient_checkpointing,
-                                        c.micro_batch, round(c.estimate.peak_gib, 2), c.fits))
+                                        c.micro_batch, round(c.estimate.peak_gib, 2), c.fits,
+                                        round(c.need_gib, 2), round(c.estimate.cpu_gib, 2),
+                                        c.failing_budget))
     suggestions = () if chosen.fits else tuple(suggest(model, answers, gpu, precision, per_rank, budget, chosen))
     est = chosen.estimate
     return Plan(answers=answers, gpu=gpu, model_name=model.name, params=model.params, hidden_size=model.hidden_size,
                 precision=precision, world_size=world, stage=chosen.stage, offload_optimizer=chosen.offload_optimizer,
                 offload_param=chosen.offload_param, gradient_checkpointing=chosen.gradient_checkpointing,
                 micro_batch=chosen.micro_batch, grad_accum=accum, global_batch=chosen.micro_batch * accum * world,
-                peak_gib=round(est.peak_gib, 2), fits=chosen.fits, breakdown_gib=est.breakdown_gib(),
+                peak_gib=round(est.peak_gib, 2), fits=chosen.fits,
+                breakdown_gib=est.breakdown_gib(gpu.memory_gib),
                 cpu_gib=round(est.cpu_gib, 2), decisions=tuple(decisions), alternatives=tuple(alternatives),
-                suggestions=suggestions)
+                suggestions=suggestions, gpu_need_gib=round(chosen.need_gib, 2),
+                host_ram_gib=round(ram, 1), host_ram_source=ram_source,
+                failing_budget=chosen.failing_budget, optimizer=est.optimizer,
+                loss_path=est.loss_path)

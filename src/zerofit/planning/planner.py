@@ -17,8 +17,8 @@ from zerofit.errors import ZerofitError
 from zerofit.memory.estimate import GIB, MemoryEstimate, TrainSetup, estimate_memory
 
 MAX_MICRO = 64
-# Host RAM is not asked for, so offload plans assume a typical server: about twice the node's
-# GPU memory (cloud 8-GPU nodes ship 2-4x; small single-GPU boxes less), at least 64 GiB.
+# Where the node's RAM cannot be read (and --host-ram-gib is not given), offload plans assume a
+# typical server: about twice the node's GPU memory, at least 64 GiB.
 HOST_RAM_PER_GPU_MEMORY = 2.0
 MIN_HOST_RAM_GIB = 64.0
 DEFAULT_TOKENS_PER_STEP = 2 ** 18   # default global batch: ~262k tokens per optimizer step
@@ -33,6 +33,17 @@ class Candidate:
     micro_batch: int
     estimate: MemoryEstimate
     fits: bool
+    gpu_need_gib: float = 0.0     # everything the GPU holds (peak + outside terms + margin)
+    gpu_fits: bool = True
+    host_fits: bool = True
+
+    @property
+    def failing_budget(self) -> str | None:
+        """"gpu", "host" (RAM), "gpu+host", or None when it fits."""
+        if self.fits:
+            return None
+        budgets = (("gpu", self.gpu_fits), ("host", self.host_fits))
+        return "+".join(name for name, ok in budgets if not ok)
 
     @property
     def speed_key(self) -> tuple:
@@ -42,8 +53,9 @@ class Candidate:
 
     @property
     def need_gib(self) -> float:
-        """What the budget is compared with: the peak plus the CUDA context."""
-        return (self.estimate.peak_bytes + self.estimate.context_bytes) / GIB
+        """What the budget is compared with: the allocated peak, the allocator, NCCL, CUDA context
+        and vLLM terms, and the safety margin."""
+        return self.gpu_need_gib
 
     def label(self) -> str:
         off = "" if self.offload_optimizer == "none" else f", optimizer on {self.offload_optimizer}"
@@ -54,6 +66,10 @@ class Candidate:
 
 def pick_precision(answers: Answers, gpu) -> tuple[str, str]:
     """bf16 where the GPU has it, else fp16, unless the user chose."""
+    if answers.precision == "bf16" and not gpu.bf16:
+        raise ZerofitError("precision", f"bf16 is not supported by {gpu.name}",
+                           "use --precision fp16 (loss scaling) or fp32, "
+                           "or a GPU with bf16 (A100 or newer)")
     if answers.precision:
         return answers.precision, f"{answers.precision}: set by you"
     if gpu.bf16:
@@ -83,12 +99,18 @@ def make_setup(answers: Answers, precision: str, stage: int, offload_optimizer: 
                checkpointing: bool, micro: int, accum: int, world: int | None = None,
                seq_len: int | None = None) -> TrainSetup:
     """The memory model's view of one candidate configuration."""
+    from zerofit.hardware import lookup
     return TrainSetup(stage=stage, world_size=world or answers.world_size, gpus_per_node=answers.gpus_per_node,
                       offload_optimizer=offload_optimizer, offload_param=offload_param, precision=precision,
                       gradient_checkpointing=checkpointing, micro_batch=micro, seq_len=seq_len or answers.seq_len,
                       grad_accum=accum, attention=answers.attention, workload=answers.workload,
                       num_generations=answers.num_generations, completion_len=answers.completion_len,
-                      reference_model=answers.reference_model)
+                      reference_model=answers.reference_model, stack=answers.stack,
+                      optimizer=answers.optimizer, loss_kernel=answers.loss_kernel,
+                      precompute_ref=answers.precompute_ref,
+                      vllm_gpu_memory_utilization=answers.vllm_gpu_memory_utilization,
+                      steps_per_generation=answers.steps_per_generation,
+                      interconnect=lookup(answers.gpu).interconnect)
 
 
 def option_grid(answers: Answers, honour_overrides: bool = True) -> list[tuple[int, str, str, bool]]:
@@ -130,8 +152,28 @@ def micro_choices(answers: Answers, per_rank: int) -> list[int]:
 
 
 def assumed_host_ram_gib(gpu, gpus_per_node: int) -> float:
-    """Host RAM per node an offload plan may use (see HOST_RAM_PER_GPU_MEMORY)."""
+    """Host RAM per node assumed where it can be neither read nor was given."""
     return max(MIN_HOST_RAM_GIB, HOST_RAM_PER_GPU_MEMORY * gpu.memory_gib * gpus_per_node)
+
+
+def host_ram_gib(answers: Answers, gpu) -> tuple[float, str]:
+    """Host RAM per node and where the number comes from: --host-ram-gib, else this node's
+    /proc/meminfo, else the assumption above."""
+    if answers.host_ram_gib is not None:
+        return answers.host_ram_gib, "given"
+    from zerofit.hardware import detect_host_ram_gib
+    detected = detect_host_ram_gib()
+    if detected is not None:
+        return detected, "this node"
+    return assumed_host_ram_gib(gpu, answers.gpus_per_node), "assumed"
+
+
+def judge(est: MemoryEstimate, answers: Answers, gpu) -> tuple[bool, bool, float]:
+    """The one verdict used by plan, estimate and the wizard: (GPU fits, host RAM fits, GiB the
+    GPU must hold including the safety margin)."""
+    need = est.gpu_need_bytes(gpu.memory_gib) / GIB + answers.safety_margin_gib
+    gpu_ok = est.fits(gpu.memory_gib, answers.headroom, answers.safety_margin_gib)
+    return gpu_ok, est.cpu_gib <= host_ram_gib(answers, gpu)[0], need
 
 
 def evaluate(model, answers: Answers, gpu, precision: str, option: tuple, micros: list[int], per_rank: int,
@@ -141,8 +183,8 @@ def evaluate(model, answers: Answers, gpu, precision: str, option: tuple, micros
     out = []
     for m in micros:
         est = estimate_memory(model, make_setup(answers, precision, stage, oo, op, gc, m, per_rank // m, world, seq_len))
-        host_ok = est.cpu_gib <= assumed_host_ram_gib(gpu, answers.gpus_per_node)
-        out.append(Candidate(stage, oo, op, gc, m, est, est.fits(gpu.memory_gib, answers.headroom) and host_ok))
+        gpu_ok, host_ok, need = judge(est, answers, gpu)
+        out.append(Candidate(stage, oo, op, gc, m, est, gpu_ok and host_ok, need, gpu_ok, host_ok))
     return out
 
 

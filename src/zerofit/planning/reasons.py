@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 from zerofit.hardware import CATALOG
-from zerofit.planning.planner import Candidate, assumed_host_ram_gib, best_of, evaluate, option_grid
+import dataclasses
+
+from zerofit.planning.planner import Candidate, best_of, evaluate, host_ram_gib, option_grid
 from zerofit.planning.decision import Decision
 
 
@@ -10,15 +12,37 @@ def _gib(x: float) -> str:
     return f"{x:.1f} GiB"
 
 
+def host_words(answers, gpu) -> str:
+    """Where the host RAM number comes from: 'this node has 62.4 GiB', 'you gave 512.0 GiB' or
+    'assumed 64.0 GiB, set --host-ram-gib'."""
+    ram, source = host_ram_gib(answers, gpu)
+    return {"given": f"you gave {_gib(ram)}", "this node": f"this node has {_gib(ram)}"}.get(
+        source, f"assumed {_gib(ram)}, set --host-ram-gib")
+
+
+def verdict_words(c: Candidate, answers, gpu, budget: float) -> str:
+    """Why ``c`` fits or which budget it breaks, with both sides of each comparison."""
+    gpu_part = f"{_gib(c.need_gib)} per GPU of {_gib(budget)}"
+    host_part = f"{_gib(c.estimate.cpu_gib)} of host RAM per node ({host_words(answers, gpu)})"
+    if c.fits:
+        return f"fits: {gpu_part}" + (f", {host_part}" if c.estimate.cpu_bytes else "")
+    if c.gpu_fits:
+        return f"fits on the GPU ({gpu_part}) but needs {host_part}"
+    if c.host_fits:
+        return f"does not fit on the GPU: needs {gpu_part}"
+    return f"does not fit: needs {gpu_part} and {host_part}"
+
+
 def decide(chosen: Candidate, pool: list[Candidate], answers, gpu, budget: float, model_desc: str) -> list[Decision]:
     """One Decision per knob, each naming the numbers that made it."""
-    # need = predicted peak + CUDA context, the number compared with the budget (the tables show the peak).
-    need = f"needs {_gib(chosen.need_gib)}/GPU with the CUDA context, of the {_gib(budget)} budget"
+    # need = allocated peak + allocator, NCCL, CUDA context (+ vLLM) + safety margin: what the
+    # GPU has to hold, the number compared with the budget (the tables also show the peak).
+    need = (f"needs {_gib(chosen.need_gib)} per GPU (peak, allocator, NCCL, CUDA context and "
+            f"margin) of {_gib(budget)}")
     out = []
     if not chosen.fits:
-        out.append(Decision("fits", False, f"nothing fits: the least memory is {chosen.label()} at "
-                            f"{_gib(chosen.need_gib)}/GPU and {_gib(chosen.estimate.cpu_gib)} CPU RAM per node; "
-                            "see the suggestions"))
+        out.append(Decision("fits", False, f"nothing fits; the closest is {chosen.label()}, which "
+                            f"{verdict_words(chosen, answers, gpu, budget)}; see the suggestions"))
 
     def rival(**same) -> Candidate | None:
         group = [c for c in pool if all(getattr(c, k) == v for k, v in same.items())]
@@ -35,9 +59,9 @@ def decide(chosen: Candidate, pool: list[Candidate], answers, gpu, budget: float
             why = f"stage 0 (plain data parallel): {model_desc} {need} without partitioning anything"
         elif lower:
             nxt = max(lower, key=lambda c: c.stage)
-            verdict = "does not fit" if not nxt.fits else "fits but is slower"
-            why = (f"stage {chosen.stage}: {model_desc} {need}; stage {nxt.stage} would need "
-                   f"{_gib(nxt.need_gib)} ({verdict})")
+            verdict = ("fits but is slower" if nxt.fits
+                       else verdict_words(nxt, answers, gpu, budget))
+            why = f"stage {chosen.stage}: {model_desc} {need}; stage {nxt.stage} {verdict}"
         else:
             why = f"stage {chosen.stage}: {model_desc} {need}"
         if chosen.stage in (1, 2) and answers.world_size == 1:
@@ -53,9 +77,10 @@ def decide(chosen: Candidate, pool: list[Candidate], answers, gpu, budget: float
         gpu_only = rival(offload_optimizer="none", offload_param="none")
         why = (f"optimizer on {chosen.offload_optimizer}"
                + (f", params on {chosen.offload_param}" if chosen.offload_param != "none" else "")
-               + (f": without offload the best needs {_gib(gpu_only.need_gib)}" if gpu_only else "")
-               + f"; needs {_gib(chosen.estimate.cpu_gib)} of CPU RAM per node (assumed available: "
-               + f"{_gib(assumed_host_ram_gib(gpu, answers.gpus_per_node))})")
+               + (f": without offload the best {verdict_words(gpu_only, answers, gpu, budget)}"
+                  if gpu_only else "")
+               + f"; needs {_gib(chosen.estimate.cpu_gib)} of host RAM per node "
+               + f"({host_words(answers, gpu)})")
     out.append(Decision("offload", f"{chosen.offload_optimizer}/{chosen.offload_param}", why))
 
     if answers.gradient_checkpointing is not None:
@@ -65,8 +90,8 @@ def decide(chosen: Candidate, pool: list[Candidate], answers, gpu, budget: float
     else:
         off = rival(stage=chosen.stage, offload_optimizer=chosen.offload_optimizer,
                     offload_param=chosen.offload_param, gradient_checkpointing=False)
-        why = "on: " + (f"without it the best needs {_gib(off.need_gib)} > {_gib(budget)}" if off
-                        else "needed to fit")
+        why = "on: " + (f"without it the best {verdict_words(off, answers, gpu, budget)}"
+                        if off else "needed to fit")
     out.append(Decision("gradient_checkpointing", chosen.gradient_checkpointing, why))
 
     if answers.micro_batch is not None:
@@ -77,7 +102,9 @@ def decide(chosen: Candidate, pool: list[Candidate], answers, gpu, budget: float
                   (chosen.stage, chosen.offload_optimizer, chosen.offload_param, chosen.gradient_checkpointing)]
         if bigger:
             nxt = min(bigger, key=lambda c: c.micro_batch)
-            why = f"{chosen.micro_batch}: micro {nxt.micro_batch} would need {_gib(nxt.need_gib)}"
+            lead = "the largest that fits" if chosen.fits else "the least memory"
+            why = (f"{chosen.micro_batch}: {lead}; micro {nxt.micro_batch} "
+                   f"{verdict_words(nxt, answers, gpu, budget)}")
         else:
             why = f"{chosen.micro_batch}: the largest that divides each GPU's share of the global batch"
     out.append(Decision("micro_batch", chosen.micro_batch, why))
@@ -94,6 +121,20 @@ def suggest(model, answers, gpu, precision: str, per_rank: int, budget: float, l
         if free:
             c = min(free, key=lambda c: c.speed_key)
             tips.append(f"drop your overrides: {c.label()} needs {_gib(c.need_gib)}/GPU")
+    # one node with a few GPUs: more GPUs in the same box come before more nodes
+    for per_node in (2, 4, 8):
+        if per_node <= answers.gpus_per_node or answers.num_nodes > 1:
+            continue
+        more = dataclasses.replace(answers, gpus_per_node=per_node)
+        world = per_node
+        share = max(1, per_rank * answers.world_size // world)
+        fit = [c for o in full_grid
+               for c in evaluate(model, more, gpu, precision, o, [1], share, world=world) if c.fits]
+        if fit:
+            c = min(fit, key=lambda c: c.speed_key)
+            tips.append(f"use {per_node} GPUs ({per_node} x {gpu.key} in one node): {c.label()} "
+                        f"needs {_gib(c.need_gib)} per GPU")
+            break
     for nodes in (2, 4, 8, 16, 32, 64, 128):
         world = answers.gpus_per_node * nodes
         if world <= answers.world_size:
@@ -103,7 +144,8 @@ def suggest(model, answers, gpu, precision: str, per_rank: int, budget: float, l
                if c.fits]
         if fit:
             c = min(fit, key=lambda c: c.speed_key)
-            tips.append(f"use {nodes} nodes ({world} x {gpu.key}): {c.label()} needs {_gib(c.need_gib)}/GPU")
+            tips.append(f"use {nodes} nodes ({world} x {gpu.key}): {c.label()} needs "
+                        f"{_gib(c.need_gib)} per GPU")
             break
     seq = answers.seq_len // 2
     floor = answers.completion_len + 1 if answers.workload == "grpo" else 64
@@ -117,12 +159,14 @@ def suggest(model, answers, gpu, precision: str, per_rank: int, budget: float, l
         seq //= 2
     bigger = sorted((g for g in CATALOG.values() if g.memory_gib * answers.headroom >= least_bad.need_gib),
                     key=lambda g: g.memory_gib)
-    host = assumed_host_ram_gib(gpu, answers.gpus_per_node)
+    host = host_ram_gib(answers, gpu)[0]
     if least_bad.estimate.cpu_gib > host:
-        tips.append(f"a node with {_gib(least_bad.estimate.cpu_gib)} of CPU RAM (assumed {_gib(host)}) "
+        tips.append(f"a node with {_gib(least_bad.estimate.cpu_gib)} of host RAM "
+                    f"({host_words(answers, gpu)}) "
                     f"runs {least_bad.label()}, or offload to nvme (--offload-optimizer nvme --nvme-path ...)")
     if bigger and least_bad.estimate.cpu_gib <= host:
-        tips.append(f"a GPU with at least {_gib(least_bad.need_gib / answers.headroom)}, e.g. {bigger[0].key}, "
+        tips.append(f"a GPU with at least {_gib(least_bad.need_gib / answers.headroom)} of memory, "
+                    f"e.g. {bigger[0].key}, "
                     f"fits {least_bad.label()}")
     if not tips:
         tips.append(f"nothing in reach fits: the least memory is {least_bad.label()} at "

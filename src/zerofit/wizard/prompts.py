@@ -231,7 +231,8 @@ def render_plan(plan, before=None) -> list:
         (f"{plan.model_name}", "bold"), f" ({plan.params / 1e9:.2f} B params) on {a.gpus_per_node} x {plan.gpu.key} ({plan.gpu.memory_gib:g} GiB)"
         f" x {a.num_nodes} node{'s' if a.num_nodes > 1 else ''}, {plan.precision}, {a.workload}, seq {a.seq_len}\n",
         f"peak {plan.peak_gib:.1f} GiB per GPU of {plan.gpu.memory_gib:g} GiB "
-        f"(limit {plan.gpu.memory_gib * a.headroom:.1f} at headroom {a.headroom:g}): ", fit)
+        f"(the GPU holds {plan.gpu_need_gib:.1f} with allocator, NCCL, context and margin; "
+        f"limit {plan.gpu.memory_gib * a.headroom:.1f} at headroom {a.headroom:g}): ", fit)
     if before is not None:
         head.append(f"   (was {before.peak_gib:.1f} GiB, {'fits' if before.fits else 'did not fit'})", style="dim")
     decisions = Table("decision", "value", "why", box=None, pad_edge=False, show_edge=False)
@@ -252,7 +253,12 @@ def render_plan(plan, before=None) -> list:
                          _show(alt.gradient_checkpointing), str(alt.micro_batch), f"{alt.peak_gib:.1f}",
                          Text("yes", style="green") if alt.fits else Text("no", style="red"))
         out.append(alts)
-    if not plan.fits:
+    if not plan.fits and plan.failing_budget == "host":
+        out.append(Text(f"warning: this plan fits on the GPU but needs {plan.cpu_gib:.1f} GiB of "
+                        f"host RAM per node for offload ({plan.host_ram_source}: "
+                        f"{plan.host_ram_gib:.1f} GiB); the node will run out of memory. "
+                        "You may still accept it.", style="bold red"))
+    elif not plan.fits:
         out.append(Text("warning: this plan is estimated NOT to fit in GPU memory; it will likely OOM. "
                         "You may still accept it.", style="bold red"))
     out += [Text(f"suggestion: {s}", style="yellow") for s in plan.suggestions]

@@ -11,7 +11,8 @@ import os
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from zerofit.planning.answers import LAUNCHERS, OFFLOAD_DEVICES, PRECISIONS, Answers, answers_to_dict
+from zerofit.planning.answers import (LAUNCHERS, OFFLOAD_DEVICES, PRECISIONS, STACKS, Answers,
+                                     answers_to_dict)
 from zerofit.hardware import CATALOG, lookup
 from zerofit.errors import ZerofitError
 
@@ -217,6 +218,29 @@ def _grpo(answers: dict) -> bool:
     return answers["workload"] == "grpo"
 
 
+_STACK_TITLES = {
+    "hf": "hf - transformers Trainer, TRL, LLaMA-Factory, axolotl",
+    "accelerate": "accelerate - a plain training loop (our recipes)",
+    "deepspeed": "deepspeed - optimizer and scheduler from the DeepSpeed JSON",
+}
+
+
+def stack_matters(answers: dict) -> bool:
+    """Ask for the training stack only when it changes the plan: each stack implies an optimizer
+    and a loss path (memory/optimizers.py, memory/losses.py), so plan once per stack and compare."""
+    from zerofit.planning.answers import answers_from_dict
+    from zerofit.planning.plan import plan
+    try:
+        outcomes = set()
+        for stack in STACKS:
+            p = plan(answers_from_dict({**answers, "stack": stack}))
+            outcomes.add((p.stage, p.offload_optimizer, p.offload_param, p.gradient_checkpointing,
+                          p.micro_batch, p.fits))
+    except ZerofitError:
+        return False
+    return len(outcomes) > 1
+
+
 _LAUNCHER_TITLES = {
     "accelerate": "accelerate launch --machine_rank R (one command per node)",
     "torchrun": "torchrun --nnodes/--node_rank (plain torchrun, c10d rendezvous)",
@@ -275,6 +299,8 @@ def build_questions(base: Answers, detected: tuple[str | None, int] = (None, 0),
                  _default_global_batch(base), validate=_validate_global_batch, convert=_optional_int),
         Question("precision", "select", _precision_message, _default_precision(base),
                  choices=tuple((p, p) for p in PRECISIONS)),
+        Question("stack", "select", "What runs the training (it changes the plan here)", base.stack,
+                 when=stack_matters, choices=tuple((n, _STACK_TITLES[n]) for n in STACKS)),
     )
 
 

@@ -52,7 +52,10 @@ def run(args) -> int:
     else:
         _print_human(plan, paths, launch)
     if not plan.fits:
-        print("zerofit: warning: this configuration does not fit in GPU memory (files written anyway)",
+        where = ("host RAM (offload needs more than the node has)" if plan.failing_budget == "host"
+                 else "GPU memory")
+        print(f"zerofit: warning: this configuration does not fit in {where} "
+              "(files written anyway)",
               file=sys.stderr)
         return 1
     return 0
@@ -67,7 +70,8 @@ def plan_summary(plan) -> dict:
         "gradient_checkpointing": plan.gradient_checkpointing, "micro_batch": plan.micro_batch,
         "grad_accum": plan.grad_accum, "global_batch": plan.global_batch, "peak_gib": round(plan.peak_gib, 2),
         "gpu_memory_gib": plan.gpu.memory_gib, "fits": plan.fits, "cpu_gib": round(plan.cpu_gib, 2),
-        "flavour": plan.answers.flavour,
+        "flavour": plan.answers.flavour, "gpu_need_gib": plan.gpu_need_gib,
+        "failing_budget": plan.failing_budget, "host_ram_gib": plan.host_ram_gib,
         "decisions": [{"field": d.field, "value": d.value, "reason": d.reason} for d in plan.decisions],
         "suggestions": list(plan.suggestions),
     }

@@ -1,82 +1,260 @@
-"""`zerofit estimate`: per-GPU peak memory of one configuration, with its breakdown.
+"""`zerofit estimate`: per-GPU memory of one configuration, with its breakdown and verdict.
 
 Knobs left unset take fixed estimate defaults (no planning): ZeRO stage 2 (3 when parameters
 are offloaded), no offload, micro batch 1, no gradient checkpointing, bf16 where the GPU has it.
 Gradient accumulation is global_batch / (micro x GPUs) when a global batch is given, else 1.
+With --ds-config / --accelerate-config the stage, offload, precision, bucket sizes, optimizer
+block and batch sizes come from your own files; flags given on the command line override them.
 """
+
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from zerofit.cli.answer_flags import add_answer_flags, answers_from_args
 
+# Answers fields a config file may fill (when the flag is not given)
+_FILE_ANSWER_FIELDS = (
+    "stage",
+    "offload_optimizer",
+    "offload_param",
+    "precision",
+    "micro_batch",
+    "gpus_per_node",
+    "num_nodes",
+    "nvme_path",
+)
+
 
 def register(sub) -> None:
-    p = sub.add_parser("estimate", help="predict per-GPU peak memory of one configuration",
-                       description=__doc__.split("\n\n", 1)[1])
+    p = sub.add_parser(
+        "estimate",
+        help="predict per-GPU peak memory of one configuration",
+        description=__doc__.split("\n\n", 1)[1],
+    )
     add_answer_flags(p)
+    p.add_argument("--ds-config", metavar="FILE", help="your DeepSpeed JSON (flags override it)")
+    p.add_argument(
+        "--accelerate-config", metavar="FILE", help="your accelerate YAML (flags override it)"
+    )
     p.add_argument("--json", action="store_true", help="print machine-readable JSON")
     p.set_defaults(func=run)
 
 
-def build_estimate(answers) -> dict:
-    """The estimate as a plain dict (what --json prints)."""
+def read_config_files(ds_path: str | None, accelerate_path: str | None, hidden_size: int) -> dict:
+    """Estimate inputs from the user's accelerate YAML and/or DeepSpeed JSON (the JSON wins)."""
+    from zerofit.errors import ZerofitError
+    from zerofit.memory.ds_config import read_accelerate_config, read_ds_config
+
+    out: dict = {}
+    if accelerate_path:
+        import yaml
+
+        text = _read("--accelerate-config", accelerate_path)
+        try:
+            cfg = yaml.safe_load(text) or {}
+        except yaml.YAMLError as exc:
+            raise ZerofitError(
+                "--accelerate-config",
+                f"{accelerate_path} is not valid YAML " f"({str(exc).splitlines()[0]})",
+                "fix the YAML syntax",
+            ) from None
+        acc, json_path = read_accelerate_config(cfg)
+        out.update(acc)
+        if json_path and not ds_path:
+            ds_path = (
+                str(Path(accelerate_path).parent / json_path)
+                if not Path(json_path).is_absolute() and not Path(json_path).exists()
+                else json_path
+            )
+    if ds_path:
+        text = _read("--ds-config", ds_path)
+        try:
+            ds = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ZerofitError(
+                "--ds-config",
+                f"{ds_path} is not valid JSON ({exc.msg}, line {exc.lineno})",
+                "fix the JSON syntax",
+            ) from None
+        out.update(read_ds_config(ds, hidden_size))
+    return out
+
+
+def _read(flag: str, path: str) -> str:
+    from zerofit.errors import ZerofitError
+
+    try:
+        return Path(path).read_text()
+    except OSError as exc:
+        raise ZerofitError(
+            flag, f"cannot read {path} ({exc.strerror})", "give an existing file"
+        ) from None
+
+
+def build_estimate(answers, files: dict | None = None) -> dict:
+    """The estimate as a plain dict (what --json prints). ``files``: inputs read from the user's
+    config files that are not Answers fields (buckets, overlap_comm, optimizer block, grad_accum).
+    """
+    import dataclasses
+
     from zerofit.errors import ZerofitError
     from zerofit.hardware import lookup
     from zerofit.memory.estimate import GIB, estimate_memory
     from zerofit.models.resolve import resolve_model
-    from zerofit.planning.planner import make_setup, pick_precision
+    from zerofit.planning.planner import host_ram_gib, judge, make_setup, pick_precision
 
+    files = files or {}
     model, gpu = resolve_model(answers.model), lookup(answers.gpu)
     precision = pick_precision(answers, gpu)[0]
     offload_param = answers.offload_param or "none"
     stage = answers.stage if answers.stage is not None else (3 if offload_param != "none" else 2)
-    offload_opt = answers.offload_optimizer or ("none" if offload_param == "none" else offload_param)
+    offload_opt = answers.offload_optimizer or (
+        "none" if offload_param == "none" else offload_param
+    )
     if offload_param != "none" and stage != 3:
-        raise ZerofitError("offload_param", f"needs ZeRO stage 3, not {stage}", "use --stage 3 or --offload-param none")
+        raise ZerofitError(
+            "offload_param",
+            f"needs ZeRO stage 3, not {stage}",
+            "use --stage 3 or --offload-param none",
+        )
     if offload_opt != "none" and stage == 0:
-        raise ZerofitError("offload_optimizer", "needs ZeRO stage 1, 2 or 3", "use --stage 2 or --offload-optimizer none")
+        raise ZerofitError(
+            "offload_optimizer",
+            "needs ZeRO stage 1, 2 or 3",
+            "use --stage 2 or --offload-optimizer none",
+        )
     micro = answers.micro_batch or 1
     world = answers.world_size
-    accum = 1
+    accum = files.get("grad_accum", 1)
     if answers.global_batch is not None:
         if answers.global_batch % (micro * world):
-            raise ZerofitError("global_batch", f"{answers.global_batch} is not a multiple of micro {micro} x {world} GPUs",
-                               f"use a multiple of {micro * world}")
+            raise ZerofitError(
+                "global_batch",
+                f"{answers.global_batch} is not a multiple of micro {micro} x {world} GPUs",
+                f"use a multiple of {micro * world}",
+            )
         accum = answers.global_batch // (micro * world)
-    setup = make_setup(answers, precision, stage, offload_opt, offload_param,
-                       bool(answers.gradient_checkpointing), micro, accum)
+    elif "train_batch_size" in files and "grad_accum" not in files:
+        accum = max(1, files["train_batch_size"] // (micro * world))
+    setup = make_setup(
+        answers,
+        precision,
+        stage,
+        offload_opt,
+        offload_param,
+        bool(answers.gradient_checkpointing),
+        micro,
+        accum,
+    )
+    if files:
+        extra = {
+            k: files[k] for k in ("buckets", "overlap_comm", "ds_optimizer_block") if k in files
+        }
+        if files.get("optimizer") and answers.optimizer is None:
+            extra["optimizer"] = files["optimizer"]
+        setup = dataclasses.replace(setup, **extra)
     est = estimate_memory(model, setup)
+    gpu_ok, host_ok, need = judge(est, answers, gpu)
+    ram, source = host_ram_gib(answers, gpu)
+    outside = {k: round(v / GIB, 3) for k, v in est.outside_bytes(gpu.memory_gib).items()}
     return {
-        "model": model.name, "params": model.params, "gpu": gpu.key, "world_size": world,
-        "stage": stage, "offload_optimizer": offload_opt, "offload_param": offload_param,
-        "precision": precision, "micro_batch": micro, "grad_accum": accum, "seq_len": answers.seq_len,
-        "gradient_checkpointing": bool(answers.gradient_checkpointing), "workload": answers.workload,
-        "peak_gib": round(est.peak_gib, 3), "fits": est.fits(gpu.memory_gib, answers.headroom),
-        "budget_gib": round(gpu.memory_gib * answers.headroom, 2), "peak_phase": est.phase,
-        "breakdown": est.breakdown_gib(), "cpu_gib": round(est.cpu_gib, 3),
+        "model": model.name,
+        "params": model.params,
+        "gpu": gpu.key,
+        "world_size": world,
+        "stage": stage,
+        "offload_optimizer": offload_opt,
+        "offload_param": offload_param,
+        "precision": precision,
+        "micro_batch": micro,
+        "grad_accum": accum,
+        "seq_len": answers.seq_len,
+        "gradient_checkpointing": bool(answers.gradient_checkpointing),
+        "workload": answers.workload,
+        "peak_gib": round(est.peak_gib, 3),
+        "fits": gpu_ok and host_ok,
+        "budget_gib": round(gpu.memory_gib * answers.headroom, 2),
+        "peak_phase": est.phase,
+        "breakdown": est.breakdown_gib(gpu.memory_gib),
+        "cpu_gib": round(est.cpu_gib, 3),
         "cuda_context_gib": round(est.context_bytes / GIB, 3),
+        # added with the stack-aware model (issue 8); the keys above are unchanged
+        "stack": answers.stack,
+        "optimizer": est.optimizer,
+        "loss_path": est.loss_path,
+        "outside_peak_gib": outside,
+        "safety_margin_gib": answers.safety_margin_gib,
+        "gpu_need_gib": round(need, 3),
+        "gpu_memory_gib": gpu.memory_gib,
+        "fits_gpu": gpu_ok,
+        "host_ram_gib": round(ram, 1),
+        "host_ram_source": source,
+        "fits_host": host_ok,
+        "from_files": sorted(k for k in files if k != "buckets")
+        + (["buckets"] if "buckets" in files else []),
     }
 
 
+def verdict_line(r: dict) -> str:
+    """One sentence naming the budget that fails, with both numbers."""
+    gpu = f"{r['gpu_need_gib']:.1f} GiB per GPU of {r['budget_gib']:.1f}"
+    host = f"{r['cpu_gib']:.1f} GiB of host RAM per node"
+    if r["host_ram_source"] == "this node":
+        has = f"this node has {r['host_ram_gib']:.1f}"
+    elif r["host_ram_source"] == "given":
+        has = f"you gave {r['host_ram_gib']:.1f}"
+    else:
+        has = f"assumed {r['host_ram_gib']:.1f}; set --host-ram-gib"
+    if r["fits"]:
+        return f"fits: needs {gpu}" + (f", and {host} ({has})" if r["cpu_gib"] else "")
+    if r["fits_gpu"]:
+        return f"does NOT fit: fits on the GPU ({gpu}) but needs {host}, {has}"
+    if r["fits_host"]:
+        return f"does NOT fit on the GPU: needs {gpu}"
+    return f"does NOT fit: needs {gpu} and {host}, {has}"
+
+
 def run(args) -> int:
-    result = build_estimate(answers_from_args(args))
+    from zerofit.models.resolve import resolve_model
+
+    files: dict = {}
+    if args.ds_config or args.accelerate_config:
+        answers0 = answers_from_args(args)
+        files = read_config_files(
+            args.ds_config, args.accelerate_config, resolve_model(answers0.model).hidden_size
+        )
+        for name in _FILE_ANSWER_FIELDS:  # flags given on the command line win
+            if name in files and getattr(args, name, None) is None:
+                setattr(args, name, files[name])
+    result = build_estimate(answers_from_args(args), files)
     if args.json:
         print(json.dumps(result, indent=2))
         return 0
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"{result['model']} on {result['world_size']} x {result['gpu']}: ZeRO-{result['stage']}, "
-                        f"micro {result['micro_batch']}, seq {result['seq_len']}, peak in {result['peak_phase']}")
+    table = Table(
+        title=f"{result['model']} on {result['world_size']} x {result['gpu']}: "
+        f"ZeRO-{result['stage']}, "
+        f"micro {result['micro_batch']}, seq {result['seq_len']}, peak in {result['peak_phase']} "
+        f"({result['stack']} stack: {result['optimizer']}, loss {result['loss_path']})"
+    )
     table.add_column("component")
     table.add_column("GiB / GPU", justify="right")
     for name, gib in result["breakdown"].items():
-        table.add_row(name, f"{gib:.2f}")
-    table.add_row("[bold]peak (max_memory_allocated)[/bold]", f"[bold]{result['peak_gib']:.2f}[/bold]")
+        if "not in peak" not in name:
+            table.add_row(name, f"{gib:.2f}")
+    table.add_row(
+        "[bold]peak (max_memory_allocated)[/bold]", f"[bold]{result['peak_gib']:.2f}[/bold]"
+    )
+    for name, gib in result["outside_peak_gib"].items():
+        if gib:
+            table.add_row(f"+ {name}", f"{gib:.2f}")
+    table.add_row("+ safety margin", f"{result['safety_margin_gib']:.2f}")
+    table.add_row("[bold]the GPU must hold[/bold]", f"[bold]{result['gpu_need_gib']:.2f}[/bold]")
     console = Console()
     console.print(table)
-    verdict = "fits" if result["fits"] else "does NOT fit"
-    console.print(f"{verdict} in the {result['budget_gib']} GiB budget (GPU memory x headroom); "
-                  f"CPU RAM for offload: {result['cpu_gib']:.1f} GiB per node")
+    console.print(verdict_line(result))
     return 0

@@ -27,7 +27,21 @@ def build_plan_dict(p) -> dict:
         "decisions": [{"field": d.field, "value": d.value, "reason": d.reason} for d in p.decisions],
         "alternatives": [dict(vars(a)) for a in p.alternatives],
         "suggestions": list(p.suggestions),
+        "gpu_need_gib": p.gpu_need_gib, "host_ram_gib": p.host_ram_gib,
+        "host_ram_source": p.host_ram_source, "failing_budget": p.failing_budget,
+        "stack": p.answers.stack, "optimizer": p.optimizer, "loss_path": p.loss_path,
     }
+
+
+_FAILING_WORDS = {"host": "no: host RAM", "gpu": "no: GPU"}
+
+
+def _ram_words(p) -> str:
+    if p.host_ram_source == "this node":
+        return f"this node has {p.host_ram_gib:.1f} GiB"
+    if p.host_ram_source == "given":
+        return f"you gave {p.host_ram_gib:.1f} GiB"
+    return f"assumed {p.host_ram_gib:.1f} GiB; set --host-ram-gib"
 
 
 def run(args) -> int:
@@ -41,8 +55,18 @@ def run(args) -> int:
     from rich.table import Table
 
     console = Console()
-    head = Table(title=f"{p.model_name} on {p.world_size} x {p.gpu.key}: "
-                       f"{'fits' if p.fits else 'does NOT fit'}, peak {p.peak_gib:.1f} GiB/GPU")
+    if p.fits:
+        verdict = "fits"
+    elif p.failing_budget == "host":
+        verdict = (f"does NOT fit: fits on the GPU but needs {p.cpu_gib:.1f} GiB of host RAM "
+                   f"per node, {_ram_words(p)}")
+    elif p.failing_budget == "gpu":
+        verdict = "does NOT fit on the GPU"
+    else:
+        verdict = f"does NOT fit: neither the GPU nor the host RAM ({_ram_words(p)})"
+    head = Table(title=f"{p.model_name} on {p.world_size} x {p.gpu.key}: {verdict}; "
+                       f"peak {p.peak_gib:.1f} GiB/GPU, the GPU holds {p.gpu_need_gib:.1f} of "
+                       f"{p.gpu.memory_gib * p.answers.headroom:.1f}")
     head.add_column("decision")
     head.add_column("value")
     head.add_column("why")
@@ -50,14 +74,16 @@ def run(args) -> int:
         head.add_row(d.field, str(d.value), d.reason)
     console.print(head)
     alt = Table(title="alternatives (each at its best micro batch)")
-    for col in ("stage", "offload opt/param", "checkpointing", "micro", "peak GiB", "fits"):
+    for col in ("stage", "offload opt/param", "checkpointing", "micro", "peak GiB", "GPU holds GiB",
+                "host RAM GiB", "fits"):
         alt.add_column(col)
     for a in p.alternatives:
         chosen = (a.stage, a.offload_optimizer, a.offload_param, a.gradient_checkpointing) == (
             p.stage, p.offload_optimizer, p.offload_param, p.gradient_checkpointing)
         alt.add_row(("* " if chosen else "") + str(a.stage), f"{a.offload_optimizer}/{a.offload_param}",
                     "on" if a.gradient_checkpointing else "off", str(a.micro_batch), f"{a.peak_gib:.1f}",
-                    "yes" if a.fits else "no")
+                    f"{a.gpu_need_gib:.1f}", f"{a.cpu_gib:.1f}",
+                    "yes" if a.fits else _FAILING_WORDS.get(a.failing, "no"))
     console.print(alt)
     for s in p.suggestions:
         console.print(f"- would fit: {s}")

@@ -1,0 +1,186 @@
+"""What a user's own DeepSpeed JSON / accelerate YAML says about memory, as estimate inputs.
+
+Defaults come from DeepSpeed's own config class (``deepspeed/runtime/zero/config.py:
+DeepSpeedZeroConfig``), not from a hand-written table, so a JSON that leaves the bucket sizes out
+is estimated with exactly the buckets DeepSpeed will allocate. ``"auto"`` values are what HF
+Trainer / accelerate fill in (``transformers/integrations/deepspeed.py:
+HfTrainerDeepSpeedConfig.trainer_config_finalize``: stage-3 buckets from hidden_size, batch sizes
+from the training arguments), so they are left to the estimate's own inputs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from zerofit.errors import ZerofitError
+from zerofit.memory.ds_defaults import ds_bucket_sizes
+
+# zero_optimization key -> the DeepSpeedZeroConfig attribute holding DeepSpeed's default
+_BUCKET_FIELDS = {
+    "reduce_bucket_size": "reduce_bucket_size",
+    "allgather_bucket_size": "allgather_bucket_size",
+    "stage3_prefetch_bucket_size": "prefetch_bucket_size",
+    "stage3_param_persistence_threshold": "param_persistence_threshold",
+    "stage3_max_live_parameters": "max_live_parameters",
+    "stage3_max_reuse_distance": "max_reuse_distance",
+    "sub_group_size": "sub_group_size",
+}
+
+
+def _is_auto(value: Any) -> bool:
+    return isinstance(value, str) and value.strip().lower() == "auto"
+
+
+def _int(field: str, value: Any) -> int:
+    try:
+        out = int(float(value))
+    except (TypeError, ValueError):
+        raise ZerofitError(
+            field, f"{value!r} is not a number", 'write a whole number or "auto"'
+        ) from None
+    if out < 0:
+        raise ZerofitError(field, f"{value!r} is negative", "write a positive number")
+    return out
+
+
+def read_ds_config(ds: dict, hidden_size: int) -> dict[str, Any]:
+    """Estimate inputs from a DeepSpeed config mapping.
+
+    Returns a dict with any of: ``stage``, ``offload_optimizer``, ``offload_param``,
+    ``precision``, ``micro_batch``, ``grad_accum``, ``train_batch_size`` (each only when the file
+    states it as a number), and always ``buckets``, ``overlap_comm``, ``ds_optimizer_block`` and
+    ``optimizer`` (the implementation DeepSpeed builds from the block, or None without one).
+    """
+    if not isinstance(ds, dict):
+        raise ZerofitError(
+            "deepspeed config", "is not a JSON object", "give a DeepSpeed config file"
+        )
+    import contextlib
+    import io
+
+    # DeepSpeed logs "Setting accelerator to CPU" to stdout on import; keep --json output clean
+    with contextlib.redirect_stdout(io.StringIO()):
+        from deepspeed.runtime.zero.config import DeepSpeedZeroConfig  # the defaults DeepSpeed uses
+
+    zero = ds.get("zero_optimization") or {}
+    if not isinstance(zero, dict):
+        raise ZerofitError("zero_optimization", "is not an object", "write a JSON object")
+    out: dict[str, Any] = {}
+    stage = zero.get("stage", 0)
+    if not _is_auto(stage):
+        stage = _int("zero_optimization.stage", stage)
+        if stage not in (0, 1, 2, 3):
+            raise ZerofitError(
+                "zero_optimization.stage", f"{stage} is not a ZeRO stage", "use 0, 1, 2 or 3"
+            )
+        out["stage"] = stage
+    numeric = {k: v for k, v in zero.items() if not _is_auto(v)}
+    try:
+        parsed = DeepSpeedZeroConfig(**numeric)
+    except Exception as exc:  # pydantic's ValidationError: report DeepSpeed's own first line
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ZerofitError(
+            "zero_optimization",
+            f"DeepSpeed rejects it ({first})",
+            "fix the block as DeepSpeed's error says",
+        ) from None
+    # "auto" buckets: what HF fills in at any stage (reduce_bucket_size = hidden^2, the stage-3
+    # prefetch/persistence from hidden_size): the same formula zerofit writes for stage 3
+    hf_auto = ds_bucket_sizes(hidden_size, 3)
+    buckets = {}
+    for key, attr in _BUCKET_FIELDS.items():
+        if _is_auto(zero.get(key)):
+            buckets[key] = int(hf_auto.get(key, getattr(parsed, attr)))
+        else:
+            buckets[key] = int(getattr(parsed, attr))
+    out["buckets"] = buckets
+    out["overlap_comm"] = (
+        bool(parsed.overlap_comm) if parsed.overlap_comm is not None else out.get("stage") == 3
+    )
+    out["offload_optimizer"] = _offload_device(parsed.offload_optimizer)
+    out["offload_param"] = _offload_device(parsed.offload_param)
+    for block in (parsed.offload_optimizer, parsed.offload_param):
+        if block is not None and getattr(block, "nvme_path", None) and "nvme_path" not in out:
+            if "nvme" in (out["offload_optimizer"], out["offload_param"]):
+                out["nvme_path"] = str(block.nvme_path)
+
+    if (ds.get("bf16") or {}).get("enabled") is True:
+        out["precision"] = "bf16"
+    elif (ds.get("fp16") or {}).get("enabled") is True:
+        out["precision"] = "fp16"
+    elif not any(_is_auto((ds.get(k) or {}).get("enabled")) for k in ("bf16", "fp16")):
+        out["precision"] = "fp32"
+    for key, name in (
+        ("train_micro_batch_size_per_gpu", "micro_batch"),
+        ("gradient_accumulation_steps", "grad_accum"),
+        ("train_batch_size", "train_batch_size"),
+    ):
+        if key in ds and not _is_auto(ds[key]):
+            out[name] = _int(key, ds[key])
+
+    block = ds.get("optimizer")
+    out["ds_optimizer_block"] = isinstance(block, dict)
+    out["optimizer"] = None
+    if isinstance(block, dict):
+        params = block.get("params") or {}
+        # engine.py:get_optimizer_configuration: torch_adam -> torch AdamW(foreach), offload ->
+        # DeepSpeedCPUAdam, else FusedAdam
+        if params.get("torch_adam"):
+            out["optimizer"] = "adamw_torch"
+        elif out["offload_optimizer"] != "none":
+            out["optimizer"] = "ds_cpu_adam"
+        else:
+            out["optimizer"] = "ds_fused_adam"
+    return out
+
+
+def _offload_device(block) -> str:
+    if block is None:
+        return "none"
+    device = getattr(block, "device", "none")
+    return str(getattr(device, "value", device) or "none")
+
+
+def read_accelerate_config(cfg: dict) -> tuple[dict[str, Any], str | None]:
+    """Estimate inputs from an accelerate YAML mapping, and the DeepSpeed JSON path it names.
+
+    accelerate's keys (``accelerate/commands/config/config_args.py``, ``deepspeed_config``):
+    ``num_processes`` and ``num_machines`` give GPUs per node and nodes, ``mixed_precision`` the
+    precision, ``deepspeed_config.{zero_stage, offload_optimizer_device, offload_param_device,
+    gradient_accumulation_steps}`` the rest, unless ``deepspeed_config_file`` points at a JSON.
+    """
+    if not isinstance(cfg, dict):
+        raise ZerofitError(
+            "accelerate config", "is not a YAML mapping", "give an accelerate config file"
+        )
+    out: dict[str, Any] = {}
+    machines = _int("num_machines", cfg.get("num_machines", 1) or 1)
+    processes = _int("num_processes", cfg.get("num_processes", 1) or 1)
+    if machines < 1 or processes < machines or processes % machines:
+        raise ZerofitError(
+            "num_processes",
+            f"{processes} processes do not split over {machines} machines",
+            "make num_processes a multiple of num_machines",
+        )
+    out["num_nodes"], out["gpus_per_node"] = machines, processes // machines
+    mp = cfg.get("mixed_precision")
+    if mp in ("bf16", "fp16"):
+        out["precision"] = mp
+    elif mp in ("no", None):
+        pass
+    ds = cfg.get("deepspeed_config") or {}
+    path = ds.get("deepspeed_config_file") if isinstance(ds, dict) else None
+    if isinstance(ds, dict) and not path:
+        if "zero_stage" in ds:
+            out["stage"] = _int("deepspeed_config.zero_stage", ds["zero_stage"])
+        for key, name in (
+            ("offload_optimizer_device", "offload_optimizer"),
+            ("offload_param_device", "offload_param"),
+        ):
+            if ds.get(key):
+                out[name] = str(ds[key])
+        if "gradient_accumulation_steps" in ds and not _is_auto(ds["gradient_accumulation_steps"]):
+            out["grad_accum"] = _int(
+                "deepspeed_config.gradient_accumulation_steps", ds["gradient_accumulation_steps"]
+            )
+    return out, path

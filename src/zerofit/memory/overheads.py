@@ -1,0 +1,66 @@
+"""GPU memory a training process holds outside ``torch.cuda.max_memory_allocated()``.
+
+- **CUDA context**: driver/runtime state and kernel images, measured 0.514 GiB on an H100 before
+  the model existed (``/work/shared/calibration/README.md``, ``device_used_before_model_gib``).
+- **Allocator fragmentation**: PyTorch's caching allocator (``c10/cuda/CUDACachingAllocator.cpp``)
+  rounds each request above 1 MiB into a block of a 20 MiB segment (1-10 MiB requests) or into
+  its own segment rounded up to 2 MiB (``kRoundLarge``); a freed block stays cached and is split
+  for later, smaller requests. When ``cudaMalloc`` fails it first frees every wholly unused cached
+  segment and retries (``release_cached_blocks``), so a fully free segment never causes an OOM
+  (that is why ``max_memory_reserved`` overstates what is needed). What does cost memory is the
+  unused part of segments that still hold live blocks: up to 2 MiB of rounding per live large
+  tensor, and, in the worst case, one free range as big as the largest short-lived tensor of the
+  phases before the peak, whose segment was split for smaller tensors that are still alive at
+  the peak. Both are counted here; the calibration points check
+  that this stays below the measured ``peak_reserved - peak_alloc``.
+- **NCCL buffers** (NCCL docs, "Environment Variables": ``NCCL_BUFFSIZE`` default 4 MiB, one
+  buffer per channel and connection; LL and LL128 protocols add their own fixed buffers, from
+  ``src/include/device.h``: LL 8 lines x 512 threads x 8 steps x 16 B = 512 KiB, LL128 120 x 640 x
+  8 x 8 B = 4.69 MiB). A ring receives from one peer per channel inside a node; across nodes the
+  network transport keeps send and receive buffers and the tree adds up to three more peers.
+- **vLLM colocated** (TRL GRPO ``vllm_mode="colocate"``): vLLM takes
+  ``gpu_memory_utilization`` x the GPU's memory for its weights and KV cache.
+"""
+
+from __future__ import annotations
+
+GIB = 1024**3
+MIB = 1024**2
+CUDA_CONTEXT_BYTES = int(0.5 * GIB)
+ROUND_LARGE = 2 * MIB  # kRoundLarge: segment granularity above 10 MiB
+NCCL_BUFFSIZE = 4 * MIB  # NCCL_BUFFSIZE default
+NCCL_LL_BUFFSIZE = 8 * 512 * 8 * 16
+NCCL_LL128_BUFFSIZE = 120 * 640 * 8 * 8
+# Channels NCCL opens (its topology search): up to 16 rings over NVLink/NVSwitch, a few on PCIe.
+NCCL_CHANNELS = {"nvlink": 16, "pcie": 4}
+# Margin over the sum of every modelled term: cuBLAS/cuDNN workspaces outside the caching
+# allocator, NCCL's NVLS/registration buffers on NVSwitch systems, library version drift.
+DEFAULT_SAFETY_MARGIN_GIB = 1.0
+
+
+def tensors_live_at_peak(model, checkpointing: bool) -> int:
+    """Large tensors alive at the peak: saved activations per layer (two RMSNorms x 3, q/k/v/out
+    and the logsumexp, four MLP tensors; one input per layer under checkpointing) plus the flat
+    state buffers and the loss path (about 20)."""
+    per_layer = 1 if checkpointing else 15
+    return model.num_layers * per_layer + 20
+
+
+def allocator_fragmentation_bytes(model, checkpointing: bool, largest_transient: int) -> int:
+    """Unusable bytes inside live segments: rounding of each live tensor, plus one free range the
+    size of the largest transient request (see the module docstring)."""
+    return tensors_live_at_peak(model, checkpointing) * ROUND_LARGE + largest_transient
+
+
+def nccl_buffer_bytes(world_size: int, gpus_per_node: int, interconnect: str = "nvlink") -> int:
+    """Per-rank NCCL communicator buffers for the data-parallel communicator (0 on one GPU)."""
+    if world_size <= 1:
+        return 0
+    per_connection = NCCL_BUFFSIZE + NCCL_LL_BUFFSIZE + NCCL_LL128_BUFFSIZE
+    nodes = max(1, world_size // max(1, gpus_per_node))
+    channels = NCCL_CHANNELS.get(interconnect, NCCL_CHANNELS["pcie"])
+    if nodes == 1:
+        connections = 1  # ring: receive from the previous rank
+    else:
+        connections = 2 + 3  # network ring send + receive, tree parent + 2 children
+    return channels * connections * per_connection

@@ -1,0 +1,134 @@
+"""Loss-path terms vs the real code on CPU (MemTracker): transformers' ForCausalLMLoss with its fp32
+upcast, and TRL's DPO forward over chosen + rejected concatenated.
+
+Run: .venv/bin/python -m pytest tests/memory/test_losses.py -q   (~10 s, mostly imports)
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from memory_probe import tracked_peak
+from memory_shapes import ModelSpec, QWEN25_7B
+from zerofit.memory import activations as act
+from zerofit.memory import losses
+
+H, V = 64, 16_000
+
+
+def _spec(h=H, v=V, tied=False) -> ModelSpec:
+    return ModelSpec(
+        name="probe",
+        architecture="Qwen2ForCausalLM",
+        hidden_size=h,
+        intermediate_size=352,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=32,
+        vocab_size=v,
+        tie_embeddings=tied,
+        params=0,
+        active_params=0,
+    )
+
+
+def test_hf_causal_lm_loss_path_matches_transformers():
+    """bf16 logits -> ForCausalLMLoss (.float(), cross_entropy) -> backward: the peak above the
+    inputs is the fp32 log_softmax, its grad and the grad it produces, 12 B x V per token."""
+    torch = pytest.importorskip("torch")
+    from transformers.loss.loss_utils import ForCausalLMLoss
+
+    torch.manual_seed(0)
+    batch, seq = 2, 256
+    weight = torch.randn(V, H, dtype=torch.bfloat16)
+    hidden = torch.randn(batch, seq, H, dtype=torch.bfloat16, requires_grad=True)
+    labels = torch.randint(0, V, (batch, seq))
+
+    def step():
+        logits = hidden @ weight.t()
+        loss = ForCausalLMLoss(logits, labels, V)
+        del logits  # the Trainer keeps only the loss (compute_loss drops the outputs)
+        loss.backward()
+
+    peak, _, _ = tracked_peak(step, hidden)
+    measured = peak - hidden.nbytes - weight.nbytes
+    predicted = losses.train_loss_bytes("hf", _spec(), 2, batch * seq)
+    print(f"hf loss path: measured {measured:,} predicted {predicted:,}")
+    assert measured == pytest.approx(predicted, rel=0.03)
+
+
+def test_dpo_concatenated_forward_stores_both_halves():
+    """TRL DPO runs chosen + rejected as one batch (DataCollatorForPreference pads and concatenates)
+    through the model TRL patched with its fused LM head: the activations autograd keeps are
+    those of 2 x micro sequences."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("trl")
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from trl.trainer.utils import add_fused_lm_head
+
+    torch.manual_seed(0)
+    spec = _spec(h=128, v=8000)
+    cfg = Qwen2Config(
+        hidden_size=128,
+        intermediate_size=352,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        vocab_size=8000,
+        tie_word_embeddings=False,
+        attn_implementation="sdpa",
+        use_cache=False,
+    )
+    model = Qwen2ForCausalLM(cfg).to(torch.bfloat16).train()
+    add_fused_lm_head(model, outputs=("log_probs", "entropy", "mean_logits", "is_top1"))
+    micro, seq = 2, 256
+    chosen, rejected = torch.randint(0, 8000, (micro, seq)), torch.randint(0, 8000, (micro, seq))
+    ids = torch.cat([chosen, rejected])
+
+    def step():
+        out = model(input_ids=ids, labels=ids, fused_lm_head=True)
+        (-out.log_probs.sum()).backward()
+
+    _, _, by_kind = tracked_peak(step, model)
+    predicted = act.stored_activation_bytes(spec, 2, 2 * micro * seq, 2 * micro, seq, "sdpa", False)
+    print(f"dpo activations: measured {by_kind['ACT']:,} predicted {predicted:,}")
+    assert by_kind["ACT"] == pytest.approx(predicted, rel=0.03)
+
+
+def test_estimate_counts_dpo_as_twice_the_sequences():
+    from zerofit.memory.estimate import TrainSetup, estimate_memory
+
+    sft = estimate_memory(QWEN25_7B, TrainSetup(stage=3, world_size=8, micro_batch=2, seq_len=1024))
+    dpo = estimate_memory(
+        QWEN25_7B,
+        TrainSetup(
+            stage=3, world_size=8, micro_batch=1, seq_len=1024, workload="dpo", stack="accelerate"
+        ),
+    )
+    assert dpo.phases["forward"] - dpo.breakdown.get("reference_model", 0) == pytest.approx(
+        sft.phases["forward"], rel=1e-9
+    )
+
+
+def test_liger_never_materialises_the_logits():
+    """Liger's fused linear CE keeps one [chunk, V] tile with chunk ~ BT / (V / H), so its bytes
+    grow like BT x H, not BT x V: at 7B shapes and 16k tokens, over 20x less than the HF path."""
+    tokens = 16_384
+    hf = losses.train_loss_bytes("hf", QWEN25_7B, 2, tokens)
+    liger = losses.train_loss_bytes("liger", QWEN25_7B, 2, tokens)
+    assert (
+        losses.liger_chunk_rows(tokens, QWEN25_7B) == 512
+    )  # next_pow2(16384 / ceil(152064/3584)=43)
+    assert liger * 20 < hf
+    assert losses.loss_path("hf", "sft", "liger") == "liger"
+    assert losses.loss_path("hf", "dpo", "liger") == "trl_fused"  # TRL refuses Liger's FLCE there
+    assert losses.loss_path("accelerate", "grpo", "hf") == "hf"
+
+
+def test_trl_fused_head_counts_fp32_weight_grad():
+    """ChunkedLogProbFunction.backward accumulates the LM-head grad in fp32 then casts: the term
+    holds V x H x (4 + 2) bytes whatever the token count."""
+    small = losses.train_loss_bytes("trl_fused", QWEN25_7B, 2, 1)
+    assert small >= QWEN25_7B.vocab_size * QWEN25_7B.hidden_size * 6

@@ -1,0 +1,77 @@
+"""Optimizer step temporaries per implementation: the estimator's term vs what torch's AdamW really
+allocates (MemTracker on CPU; the temporaries do not depend on the device).
+
+Run: .venv/bin/python -m pytest tests/memory/test_optimizers.py -q   (~3 s)
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from memory_probe import tracked_peak
+from zerofit.memory.optimizers import resolve_optimizer, step_temporary_bytes
+
+# flat ZeRO-1/2 partition (one tensor), and a model-like list of tensors (foreach groups them)
+SHAPES = {
+    "flat_partition": [(3_000_000,)],
+    "many_tensors": [(1000, 1200), (1200,), (700, 1000), (1000,)],
+}
+KWARGS = {
+    "adamw_torch": {"foreach": True},
+    "adamw_torch_fused": {"fused": True},
+    "adamw_forloop": {"foreach": False},
+}
+
+
+def _measured_step_temporaries(impl: str, shapes) -> tuple[int, int, int]:
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    params = [torch.nn.Parameter(torch.randn(s)) for s in shapes]
+    opt = torch.optim.AdamW(params, lr=1e-3, weight_decay=0.1, **KWARGS[impl])
+    for p in params:
+        p.grad = torch.randn_like(p)
+    opt.step()  # step 1 creates exp_avg / exp_avg_sq
+    peak, after, _ = tracked_peak(opt.step, *params, opt)
+    elements = sum(p.numel() for p in params)
+    return peak - after, elements, max(p.numel() for p in params)
+
+
+@pytest.mark.parametrize("layout", sorted(SHAPES))
+@pytest.mark.parametrize("impl", sorted(KWARGS))
+def test_step_temporaries_match_torch(impl, layout):
+    measured, elements, largest = _measured_step_temporaries(impl, SHAPES[layout])
+    predicted = step_temporary_bytes(impl, elements, largest)
+    print(f"{impl:18} {layout:15} measured {measured:>11,} predicted {predicted:>11,}")
+    if predicted == 0:
+        assert measured <= 0.03 * 4 * elements  # nothing beyond a few scalars
+    else:
+        assert measured == pytest.approx(predicted, rel=0.03)
+
+
+@pytest.mark.parametrize(
+    "stack, optimizer, offload, block, expected",
+    [
+        ("hf", None, "none", False, "adamw_torch_fused"),  # TrainingArguments.optim default
+        ("hf", None, "none", True, "ds_fused_adam"),  # JSON optimizer block -> DummyOptim
+        ("accelerate", None, "none", False, "adamw_torch"),  # torch.optim.AdamW(params): foreach
+        ("deepspeed", None, "none", False, "ds_fused_adam"),
+        ("hf", None, "cpu", False, "ds_cpu_adam"),  # offload: DeepSpeed's CPU Adam
+        (
+            "accelerate",
+            "adamw_torch",
+            "cpu",
+            False,
+            "adamw_torch",
+        ),  # zero_force_ds_cpu_optimizer=false
+        ("hf", "adamw_forloop", "none", False, "adamw_forloop"),
+    ],
+)
+def test_stack_to_optimizer(stack, optimizer, offload, block, expected):
+    assert resolve_optimizer(stack, optimizer, offload, block) == expected
+
+
+def test_hf_trainer_default_is_what_transformers_says():
+    transformers = pytest.importorskip("transformers")
+    from zerofit.memory.optimizers import HF_TRAINER_DEFAULT_OPTIM
+
+    assert transformers.TrainingArguments.optim == HF_TRAINER_DEFAULT_OPTIM

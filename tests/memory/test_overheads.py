@@ -1,0 +1,86 @@
+"""What the GPU holds outside max_memory_allocated: NCCL buffers by world size and node count, the
+allocator term, vLLM's share, and how `fits` adds them up.
+
+Run: .venv/bin/python -m pytest tests/memory/test_overheads.py -q   (~1 s)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from memory_shapes import QWEN25_05B, QWEN25_7B
+from zerofit.memory import overheads as oh
+from zerofit.memory.estimate import GIB, TrainSetup, estimate_memory
+
+MIB = 1024**2
+
+
+def test_nccl_buffers_grow_with_nodes_not_with_gpus_in_a_ring():
+    assert oh.nccl_buffer_bytes(1, 1) == 0  # one GPU: no communicator traffic
+    one_node = oh.nccl_buffer_bytes(8, 8, "nvlink")
+    assert one_node == oh.nccl_buffer_bytes(4, 4, "nvlink")  # a ring receives from one peer
+    # 16 channels x 1 peer x (4 MiB simple + 0.5 MiB LL + 4.69 MiB LL128)
+    assert one_node == 16 * (4 * MIB + 512 * 1024 + 120 * 640 * 8 * 8)
+    assert oh.nccl_buffer_bytes(16, 8, "nvlink") > one_node  # network ring + tree peers
+    assert oh.nccl_buffer_bytes(8, 8, "pcie") < one_node  # fewer channels over PCIe
+
+
+def test_allocator_term_counts_rounding_and_one_freed_block():
+    no_gc = oh.allocator_fragmentation_bytes(QWEN25_05B, False, 0)
+    gc = oh.allocator_fragmentation_bytes(QWEN25_05B, True, 0)
+    assert no_gc == (24 * 15 + 20) * 2 * MIB and gc == (24 + 20) * 2 * MIB
+    assert oh.allocator_fragmentation_bytes(QWEN25_05B, True, 5 * GIB) == gc + 5 * GIB
+
+
+def test_fits_adds_every_outside_term_and_the_margin():
+    est = estimate_memory(
+        QWEN25_7B,
+        TrainSetup(
+            stage=3,
+            world_size=16,
+            gpus_per_node=8,
+            micro_batch=1,
+            seq_len=2048,
+            gradient_checkpointing=True,
+        ),
+    )
+    outside = est.outside_bytes(79.6)
+    assert outside["nccl_buffers"] > 0 and outside["allocator_fragmentation"] > 0
+    need = est.gpu_need_bytes(79.6)
+    assert need == est.peak_bytes + sum(outside.values())
+    exact = need / GIB + 1.0  # + the default 1 GiB margin
+    assert est.fits(exact + 0.01) and not est.fits(exact - 0.01)
+    assert est.fits(exact - 0.5, safety_margin_gib=0.0)
+
+
+def test_vllm_colocated_takes_its_share_and_replaces_the_rollout():
+    base = TrainSetup(workload="grpo", micro_batch=8, grad_accum=4, seq_len=768, completion_len=512)
+    hf_generate = estimate_memory(QWEN25_05B, base)
+    vllm = estimate_memory(QWEN25_05B, dataclasses.replace(base, vllm_gpu_memory_utilization=0.3))
+    assert "rollout" in hf_generate.phases and "rollout" not in vllm.phases
+    assert vllm.outside_bytes(79.6)["vllm_reserved"] == int(0.3 * 79.6 * GIB)
+
+
+def test_steps_per_generation_sizes_the_generation_batch():
+    base = TrainSetup(workload="grpo", micro_batch=8, grad_accum=4, seq_len=768, completion_len=512)
+    default = estimate_memory(QWEN25_05B, base).phases["rollout"]
+    more = estimate_memory(QWEN25_05B, dataclasses.replace(base, steps_per_generation=8)).phases[
+        "rollout"
+    ]
+    assert more > default  # TRL generates micro x steps_per_generation completions at once
+
+
+def test_precomputed_reference_drops_the_reference_model():
+    base = TrainSetup(workload="dpo", micro_batch=1, seq_len=1024, stage=2, world_size=8)
+    ref = estimate_memory(QWEN25_7B, base)
+    pre = estimate_memory(QWEN25_7B, dataclasses.replace(base, precompute_ref=True))
+    assert (
+        ref.breakdown["reference_model"] == 2 * QWEN25_7B.params
+    )  # full bf16 replica below ZeRO-3
+    assert "reference_model" not in pre.breakdown and "reference" not in pre.phases
+    z3 = estimate_memory(QWEN25_7B, dataclasses.replace(base, stage=3))
+    assert z3.breakdown.get("reference_model", 0) == pytest.approx(
+        2 * QWEN25_7B.params / 8, rel=1e-6
+    )

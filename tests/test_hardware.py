@@ -1,0 +1,59 @@
+"""GPU catalog entries, names, close-name hints, and the host RAM read from /proc/meminfo.
+
+Run: .venv/bin/python -m pytest tests/test_hardware.py -q   (<1 s)
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from zerofit.errors import ZerofitError
+from zerofit.hardware import CATALOG, detect_host_ram_gib, lookup, match_gpu_name
+
+
+@pytest.mark.parametrize(
+    "key, gib, bf16",
+    [
+        ("A800", 79.3, True),
+        ("H800", 79.6, True),
+        ("H20", 95.6, True),
+        ("A40", 44.4, True),
+        ("L20", 44.4, True),
+        ("MI250X", 64.0, True),
+        ("MI300X", 191.5, True),
+        ("V100-32GB", 31.7, False),
+    ],
+)
+def test_catalog_entries(key, gib, bf16):
+    assert (lookup(key).memory_gib, lookup(key).bf16) == (gib, bf16)
+
+
+@pytest.mark.parametrize(
+    "product, key",
+    [
+        ("NVIDIA H20", "H20"),
+        ("NVIDIA H200", "H200"),
+        ("NVIDIA A800-SXM4-80GB", "A800"),
+        ("NVIDIA H800", "H800"),
+        ("AMD Instinct MI300X", "MI300X"),
+        ("NVIDIA L20", "L20"),
+        ("NVIDIA A100-SXM4-80GB", "A100-80GB"),
+        ("NVIDIA L40S", "L40S"),
+    ],
+)
+def test_detection_names(product, key):
+    assert match_gpu_name(product) == key
+
+
+def test_unknown_gpu_lists_close_names():
+    with pytest.raises(ZerofitError, match="did you mean.*H100"):
+        lookup("H10")
+    assert len(CATALOG) >= 23
+
+
+def test_host_ram_from_meminfo(tmp_path):
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:       65790164 kB\nMemFree:        1000 kB\n")
+    assert detect_host_ram_gib(str(meminfo)) == pytest.approx(65790164 / 1024**2)
+    assert detect_host_ram_gib(str(tmp_path / "missing")) is None
+    assert detect_host_ram_gib() is None or detect_host_ram_gib() > 0
