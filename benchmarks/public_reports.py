@@ -12,11 +12,16 @@ This script runs `zerofit estimate` on each one and prints:
 - the error on the measured numbers;
 - reports that cannot be estimated yet (a GPU or model missing from zerofit), with the reason.
 
-Fields the data holds that Answers does not know yet (the memory model's new inputs: stack,
-optimizer, loss kernel, ...) are dropped with a printed note, so the script runs on any version
-of zerofit and uses them as soon as they exist. A report's DeepSpeed JSON (`ds_config`) is passed
-through a temporary file once the estimate takes one (an Answers field or a build_estimate
-parameter whose name contains "ds_config").
+The verdict rule (printed at the top of the output): a report is predicted to fit when the GPU
+holds everything zerofit models (`fits_gpu`: the allocated peak + allocator fragmentation + NCCL
+buffers + CUDA context + a colocated vLLM's share + the safety margin <= the GPU's memory as torch
+reports it), and, only where the report states its node's RAM (`host_ram_gib`), when the offload
+buffers fit in it. A report that does not state its host RAM is not judged on host RAM: the RAM
+of the machine running this script says nothing about the reporter's node.
+
+A report's DeepSpeed JSON (`ds_config`) goes through the same path as `zerofit estimate
+--ds-config FILE` (cli/commands/estimate.py:estimate_from_files), the report's stated answers
+acting as the command-line flags that override the file.
 
     PYTHONPATH=src python benchmarks/public_reports.py          # table
     PYTHONPATH=src python benchmarks/public_reports.py --json   # machine-readable
@@ -26,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import inspect
 import json
 import sys
 import tempfile
@@ -42,6 +46,9 @@ sys.path.insert(0, str(ROOT / "src"))   # the checkout's zerofit, not an older i
 # - device_used: nvidia-smi style memory in use (CUDA context and allocator cache included):
 #   compared with peak_gib + the CUDA context (the estimate has no cache term yet).
 MEASURED_KINDS = ("alloc_lower_bound", "device_used")
+VERDICT_RULE = ("fits = the GPU holds peak + allocator + NCCL + CUDA context + vLLM + safety "
+                "margin within its memory, and the offload buffers fit the node's RAM only where "
+                "the report states it (unknown host RAM is not limiting)")
 
 # --gpu-proxies: GPUs the catalog lacks today, stood in for by the entry with the same usable
 # memory, so the verdict can be read on every report before the catalog grows. Not the default:
@@ -64,18 +71,6 @@ def answer_fields() -> set[str]:
     return {f.name for f in dataclasses.fields(Answers)}
 
 
-def ds_config_input() -> tuple[str, str] | None:
-    """Where the estimate takes a DeepSpeed JSON: ("answers", field) or ("kwarg", parameter)."""
-    from zerofit.cli.commands.estimate import build_estimate
-    for name in sorted(answer_fields()):
-        if "ds_config" in name:
-            return "answers", name
-    for name in inspect.signature(build_estimate).parameters:
-        if "ds_config" in name:
-            return "kwarg", name
-    return None
-
-
 def answers_dict(report: dict, known: set[str], proxies: dict[str, str] | None = None
                  ) -> tuple[dict, list[str]]:
     """The report's answers limited to fields Answers knows, and the names it dropped.
@@ -93,30 +88,37 @@ def answers_dict(report: dict, known: set[str], proxies: dict[str, str] | None =
     return {k: v for k, v in data.items() if k in known}, dropped
 
 
-def estimate_report(report: dict, known: set[str], ds_input: tuple[str, str] | None,
-                    tmpdir: Path, proxies: dict[str, str] | None = None) -> dict:
-    """Run zerofit's estimate on one report: status ok with fits/peak, or error with its line."""
-    from zerofit.cli.commands.estimate import build_estimate
+def estimate_report(report: dict, known: set[str], tmpdir: Path,
+                    proxies: dict[str, str] | None = None) -> dict:
+    """Run zerofit's estimate on one report: status ok with the verdict, or error with its line."""
+    from zerofit.cli.commands.estimate import estimate_from_files
     from zerofit.errors import ZerofitError
-    from zerofit.planning.answers import answers_from_dict
 
     data, dropped = answers_dict(report, known, proxies)
-    kwargs = {}
-    if ds_input and "ds_config" in report:
-        path = tmpdir / f"{report['id']}.ds_config.json"
-        path.write_text(json.dumps(report["ds_config"]))
-        if ds_input[0] == "answers":
-            data[ds_input[1]] = str(path)
-        else:
-            kwargs[ds_input[1]] = str(path)
+    ds_path = None
+    if "ds_config" in report:
+        ds_path = tmpdir / f"{report['id']}.ds_config.json"
+        ds_path.write_text(json.dumps(report["ds_config"]))
     try:
-        result = build_estimate(answers_from_dict(data), **kwargs)
+        result = estimate_from_files(data, ds_config=str(ds_path) if ds_path else None)
     except ZerofitError as err:
         return {"status": "error", "error": str(err), "dropped": dropped}
+    host_known = report["answers"].get("host_ram_gib") is not None
+    fits = result["fits_gpu"] and (result["fits_host"] or not host_known)
     total = result["peak_gib"] + result.get("cuda_context_gib", 0.0)
-    return {"status": "ok", "fits": bool(result["fits"]), "peak_gib": result["peak_gib"],
+    return {"status": "ok", "fits": bool(fits), "peak_gib": result["peak_gib"],
             "gpu_total_gib": round(total, 3), "budget_gib": result.get("budget_gib"),
-            "peak_phase": result.get("peak_phase"), "dropped": dropped}
+            "gpu_need_gib": result["gpu_need_gib"], "host_ram_known": host_known,
+            "cpu_gib": result["cpu_gib"], "peak_phase": result.get("peak_phase"),
+            "loss_path": result["loss_path"], "optimizer": result["optimizer"],
+            "breakdown": result["breakdown"], "from_files": result["from_files"],
+            "dropped": dropped}
+
+
+def dominant_terms(breakdown: dict[str, float], n: int = 4) -> str:
+    """The ``n`` largest terms of an estimate's breakdown, "name GiB" each."""
+    top = sorted(breakdown.items(), key=lambda kv: -kv[1])[:n]
+    return ", ".join(f"{name} {gib:.2f}" for name, gib in top)
 
 
 def measured_error(report: dict, pred: dict) -> dict | None:
@@ -140,11 +142,10 @@ def evaluate(reports: list[dict], proxies: dict[str, str] | None = None) -> dict
     """
     known = answer_fields()
     proxies = {k: v for k, v in (proxies or {}).items() if not _in_catalog(k)}
-    ds_input = ds_config_input()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for report in reports:
-            pred = estimate_report(report, known, ds_input, Path(tmp), proxies)
+            pred = estimate_report(report, known, Path(tmp), proxies)
             rows.append({"id": report["id"], "outcome": report["outcome"],
                          "workload": report["answers"].get("workload"), **pred})
     matrix = {"oom": {"predicted_oom": 0, "predicted_fits": 0},
@@ -156,18 +157,20 @@ def evaluate(reports: list[dict], proxies: dict[str, str] | None = None) -> dict
             continue
         predicted = "predicted_fits" if row["fits"] else "predicted_oom"
         matrix[row["outcome"]][predicted] += 1
-        if row["outcome"] == "oom" and row["fits"]:
-            misses.append({"id": row["id"], "miss": "real OOM predicted to fit",
-                           "peak_gib": row["peak_gib"], "budget_gib": row["budget_gib"]})
-        elif row["outcome"] == "ran" and not row["fits"]:
-            misses.append({"id": row["id"], "miss": "ran, predicted not to fit",
-                           "peak_gib": row["peak_gib"], "budget_gib": row["budget_gib"]})
+        wrong = (row["outcome"] == "oom") == row["fits"]
+        if wrong:
+            misses.append({"id": row["id"], "miss": "real OOM predicted to fit"
+                           if row["outcome"] == "oom" else "ran, predicted not to fit",
+                           "peak_gib": row["peak_gib"], "gpu_need_gib": row["gpu_need_gib"],
+                           "budget_gib": row["budget_gib"], "phase": row["peak_phase"],
+                           "loss_path": row["loss_path"], "optimizer": row["optimizer"],
+                           "terms": dominant_terms(row["breakdown"])})
     measured = [m for r, p in zip(reports, rows) if (m := measured_error(r, p))]
     dropped = sorted({name for row in rows for name in row["dropped"]})
     return {"reports": len(reports), "evaluated": len(rows) - len(errors), "matrix": matrix,
             "gpu_proxies": proxies,
             "misses": misses, "measured": measured, "not_evaluable": errors,
-            "dropped_fields": dropped, "ds_config_input": ds_input, "rows": rows}
+            "dropped_fields": dropped, "rule": VERDICT_RULE, "rows": rows}
 
 
 def _in_catalog(name: str) -> bool:
@@ -191,8 +194,7 @@ def render(result: dict) -> str:
     if result["dropped_fields"]:
         lines.append("note: Answers does not know these report fields yet, dropped: "
                      + ", ".join(result["dropped_fields"]))
-    if result["ds_config_input"] is None:
-        lines.append("note: the estimate takes no ds_config yet; reports' DeepSpeed JSONs unused")
+    lines.append("verdict rule: " + result["rule"])
     lines += ["", f"{'real / predicted':<18}{'does NOT fit':>14}{'fits':>8}",
               f"{'oom':<18}{m['oom']['predicted_oom']:>14}{m['oom']['predicted_fits']:>8}",
               f"{'ran':<18}{m['ran']['predicted_oom']:>14}{m['ran']['predicted_fits']:>8}"]
@@ -200,8 +202,12 @@ def render(result: dict) -> str:
     ran_total = m["ran"]["predicted_oom"] + m["ran"]["predicted_fits"]
     lines.append(f"OOMs caught: {m['oom']['predicted_oom']}/{oom_total}; "
                  f"runs that worked predicted to fit: {m['ran']['predicted_fits']}/{ran_total}")
-    lines += ["", "misses:"] + [f"  {x['id']}: {x['miss']} (peak {x['peak_gib']:.2f} GiB, "
-                                 f"budget {x['budget_gib']} GiB)" for x in result["misses"]]
+    lines += ["", "misses:"]
+    for x in result["misses"]:
+        lines.append(f"  {x['id']}: {x['miss']}: the GPU must hold {x['gpu_need_gib']:.2f} GiB "
+                     f"of {x['budget_gib']} (peak {x['peak_gib']:.2f} in {x['phase']}; "
+                     f"loss {x['loss_path']}, {x['optimizer']})")
+        lines.append(f"      dominant terms (GiB): {x['terms']}")
     lines += ["", "measured numbers (predicted vs measured, GiB):"]
     for x in result["measured"]:
         note = "" if x["consistent"] is None else ("  ok: above the floor" if x["consistent"]

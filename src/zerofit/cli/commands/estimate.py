@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from zerofit.cli.answer_flags import add_answer_flags, answers_from_args
+from zerofit.cli.answer_flags import add_answer_flags
 
 # Answers fields a config file may fill (when the flag is not given)
 _FILE_ANSWER_FIELDS = (
@@ -216,19 +216,41 @@ def verdict_line(r: dict) -> str:
     return f"does NOT fit: needs {gpu} and {host}, {has}"
 
 
-def run(args) -> int:
-    from zerofit.models.resolve import resolve_model
+def estimate_from_files(flags: dict, ds_config: str | None = None,
+                        accelerate_config: str | None = None, base: dict | None = None) -> dict:
+    """The estimate of the user's own config files: what ``zerofit estimate --ds-config FILE
+    --accelerate-config FILE`` prints as JSON.
 
+    ``flags``: Answers fields given on the command line (they override the files); ``base``: an
+    answers file's fields (the config files override them). The files fill stage, offload,
+    precision, micro batch and processes where no flag names them, and hand the estimate what
+    Answers does not hold (bucket sizes, overlap_comm, the optimizer block, grad accumulation).
+    """
+    from zerofit.models.resolve import resolve_model
+    from zerofit.planning.answers import answers_from_dict
+
+    data = {**(base or {}), **flags}
     files: dict = {}
-    if args.ds_config or args.accelerate_config:
-        answers0 = answers_from_args(args)
-        files = read_config_files(
-            args.ds_config, args.accelerate_config, resolve_model(answers0.model).hidden_size
-        )
+    if ds_config or accelerate_config:
+        model = resolve_model(answers_from_dict(data).model)
+        files = read_config_files(ds_config, accelerate_config, model.hidden_size)
         for name in _FILE_ANSWER_FIELDS:  # flags given on the command line win
-            if name in files and getattr(args, name, None) is None:
-                setattr(args, name, files[name])
-    result = build_estimate(answers_from_args(args), files)
+            if name in files and flags.get(name) is None:
+                data[name] = files[name]
+    return build_estimate(answers_from_dict(data), files)
+
+
+def run(args) -> int:
+    from dataclasses import fields
+
+    from zerofit.planning.answers import Answers, answers_to_dict, load_answers
+
+    base: dict = {}
+    if getattr(args, "answers", None):
+        base = answers_to_dict(load_answers(_read("--answers", args.answers)))
+    flags = {f.name: getattr(args, f.name) for f in fields(Answers)
+             if getattr(args, f.name, None) is not None}
+    result = estimate_from_files(flags, args.ds_config, args.accelerate_config, base)
     if args.json:
         print(json.dumps(result, indent=2))
         return 0
