@@ -216,7 +216,11 @@ def test_new_stack_flags_reach_the_estimate(capsys):
     )
     dpo = _json(capsys, base + ["--workload", "dpo"])
     pre = _json(capsys, base + ["--workload", "dpo", "--precompute-ref"])
-    assert dpo["loss_path"] == "trl_fused" and "reference_model" in dpo["breakdown"]
+    assert dpo["loss_path"] == "hf" and "reference_model" in dpo["breakdown"]
+    fused = _json(capsys, base + ["--workload", "dpo", "--loss-kernel", "trl_fused"])
+    assert fused["loss_path"] == "trl_fused" and fused["peak_gib"] < dpo["peak_gib"]
+    assert main(["estimate", "--loss-kernel", "trl_fused"]) == 2   # sft has no TRL fused head
+    assert "loss_kernel" in capsys.readouterr().err
     assert "reference_model" not in pre["breakdown"]
     vllm = _json(
         capsys,

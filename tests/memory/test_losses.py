@@ -123,8 +123,19 @@ def test_liger_never_materialises_the_logits():
     )  # next_pow2(16384 / ceil(152064/3584)=43)
     assert liger * 20 < hf
     assert losses.loss_path("hf", "sft", "liger") == "liger"
-    assert losses.loss_path("hf", "dpo", "liger") == "trl_fused"  # TRL refuses Liger's FLCE there
+    # DPO stays on full logits with Liger: TRL 1.16 refuses its FLCE, LLaMA-Factory passes no labels
+    assert losses.loss_path("hf", "dpo", "liger") == "hf"
     assert losses.loss_path("accelerate", "grpo", "hf") == "hf"
+
+
+def test_hf_stack_assumes_full_logits_unless_told_trl_fused():
+    """The hf stack covers LLaMA-Factory's CustomDPOTrainer and TRL before 1.16, which build the
+    full fp32 logits: the default must hold them; TRL 1.16's fused head is an explicit choice."""
+    assert losses.loss_path("hf", "dpo", "hf") == "hf"
+    assert losses.loss_path("hf", "grpo", "hf") == "hf"
+    assert losses.loss_path("hf", "dpo", "trl_fused") == "trl_fused"
+    assert losses.loss_path("hf", "grpo", "trl_fused") == "trl_fused"
+    assert losses.loss_path("hf", "sft", "trl_fused") == "hf"
 
 
 def test_trl_fused_head_counts_fp32_weight_grad():

@@ -68,7 +68,7 @@ class TrainSetup:
     stack: str = "accelerate"            # hf | accelerate | deepspeed
     optimizer: str | None = None         # None: what the stack runs
     ds_optimizer_block: bool = False     # the DeepSpeed JSON has an ``optimizer`` block
-    loss_kernel: str = "hf"              # hf | liger
+    loss_kernel: str = "hf"              # hf | liger | trl_fused (losses.loss_path)
     precompute_ref: bool = False         # dpo: reference log-probs computed before training
     vllm_gpu_memory_utilization: float | None = None   # grpo: colocated vLLM's share of the GPU
     steps_per_generation: int | None = None            # grpo: None = grad_accum (TRL default)
@@ -181,8 +181,14 @@ def estimate_memory(model, setup: TrainSetup) -> MemoryEstimate:
     phases["step"] = _merge(resident, step)
     if s.uses_reference:
         one_layer = act.layer_bytes_per_token(model, b, s.attention) * tokens
-        phases["reference"] = {**resident, **live, "activations": one_layer,
-                               "logits": losses.reference_loss_bytes(path, model, b, logit_tokens)}
+        reference = {**resident, **live, "activations": one_layer,
+                     "logits": losses.reference_loss_bytes(path, model, b, logit_tokens)}
+        if s.workload == "dpo":
+            # the policy forward ran first and its graph waits for backward (losses.py:
+            # policy_held_bytes); GRPO scores the reference while generating, before the policy
+            reference["policy_activations"] = stored
+            reference["policy_logits"] = losses.policy_held_bytes(path, model, b, logit_tokens)
+        phases["reference"] = reference
     if s.workload == "grpo" and not s.vllm_gpu_memory_utilization:
         # with vLLM colocated, generation happens inside vLLM's own share (vllm_reserved)
         phases["rollout"] = {**resident, **_rollout(model, s, b)}

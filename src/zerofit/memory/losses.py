@@ -15,6 +15,22 @@ Three paths, each derived from the code that runs at the pinned versions:
   ``trl/kernels/chunked_logprob.py:ChunkedLogProbFunction``: ``[4096, 32768]`` tiles in the
   compute dtype, per-token fp32 statistics, and in backward fp32 accumulators for the gradients
   of the scored hidden states and of the whole LM-head weight, cast to the model dtype on return.
+
+Which path the ``hf`` stack assumes for DPO and GRPO: full logits, unless the user says
+``--loss-kernel trl_fused``. The ``hf`` stack is the Trainer and everything built on it, and most
+of it still materialises the whole ``[2B, T, V]`` logits in fp32:
+- LLaMA-Factory ``src/llamafactory/train/dpo/trainer.py:CustomDPOTrainer.concatenated_forward``:
+  ``model(**batch).logits.to(torch.float32)``, then ``get_batch_logps`` takes
+  ``logits.log_softmax(-1)`` and gathers; the fp32 logits are returned (``chosen_logits``,
+  ``rejected_logits``) and held by ``get_batch_loss_metrics`` while the reference forward runs.
+  Its labels are popped before the forward, so Liger's fused linear CE (which acts only when
+  labels are passed) does not apply to DPO there either.
+- TRL before its fused head (0.7-0.11 ``DPOTrainer.concatenated_forward`` / ``get_batch_logps``,
+  what alignment-handbook and SimPO run), and axolotl's DPO through those trainers: full logits
+  and ``log_softmax`` over the vocabulary.
+Only TRL >= 1.16 runs the fused head, and only its own DPO/GRPO trainers; zerofit cannot tell
+which of these the user runs, and the promise is "will not OOM", so the default is the path that
+holds the most and the fused one is an explicit choice.
 """
 
 from __future__ import annotations
@@ -24,7 +40,7 @@ import math
 from zerofit.memory import activations as act
 
 FP32 = 4
-LOSS_KERNELS = ("hf", "liger")
+LOSS_KERNELS = ("hf", "liger", "trl_fused")
 # trl/kernels/chunked_logprob.py: TOKEN_CHUNK_SIZE;
 # trl/trainer/utils.py: _CHUNKED_LOGPROB_CHUNK_SIZE
 TRL_TOKEN_CHUNK = 4096
@@ -35,11 +51,20 @@ TRL_FP32_PER_TOKEN = 11
 
 
 def loss_path(stack: str, workload: str, loss_kernel: str) -> str:
-    """Which loss implementation runs: TRL's trainers (stack ``hf``) use their fused head for DPO
-    and GRPO (and refuse Liger's fused linear CE there); SFT takes the loss kernel asked for."""
-    if stack == "hf" and workload in ("dpo", "grpo"):
+    """Which loss implementation runs (see the module docstring for why full logits is the
+    default of every stack).
+
+    ``trl_fused`` is TRL >= 1.16's DPO/GRPO head and is taken only when asked. Liger's fused
+    linear CE replaces the loss of SFT and of TRL's GRPO (``use_liger_loss``); DPO stays on full
+    logits with it: TRL 1.16 refuses ``fused_linear_cross_entropy`` in DPO
+    (``DPOTrainer.__init__``) and LLaMA-Factory's DPO forward passes no labels, so Liger's patched
+    forward returns the full logits.
+    """
+    if loss_kernel == "trl_fused" and workload in ("dpo", "grpo"):
         return "trl_fused"
-    return "liger" if loss_kernel == "liger" else "hf"
+    if loss_kernel == "liger" and workload != "dpo":
+        return "liger"
+    return "hf"
 
 
 def liger_chunk_rows(tokens: int, model) -> int:
@@ -65,9 +90,36 @@ def train_loss_bytes(path: str, model, a: int, tokens: int) -> int:
 
 
 def reference_loss_bytes(path: str, model, a: int, tokens: int) -> int:
-    """The reference model's no-grad loss path: TRL's fused head keeps one tile and the per-token
-    statistics; a full-logits path keeps the logits and their fp32 log_softmax."""
+    """The reference model's no-grad loss path.
+
+    TRL's fused head keeps one tile and the per-token statistics. A full-logits path holds the
+    compute-dtype logits while ``.to(torch.float32)`` copies them, then the fp32 logits while
+    ``log_softmax`` writes its fp32 output: max(a + 4, 4 + 4) bytes per token and vocabulary entry
+    (LLaMA-Factory ``concatenated_forward`` under ``torch.no_grad()``).
+    """
     if path == "trl_fused":
         tile = min(tokens, TRL_TOKEN_CHUNK) * min(model.vocab_size, TRL_VOCAB_CHUNK) * a
         return tokens * model.hidden_size * a + tile + TRL_FP32_PER_TOKEN * FP32 * tokens
-    return (a + FP32) * model.vocab_size * tokens
+    return max(a + FP32, 2 * FP32) * model.vocab_size * tokens
+
+
+def policy_held_bytes(path: str, model, a: int, tokens: int) -> int:
+    """What the policy's loss path still holds while DPO's reference forward runs.
+
+    Both LLaMA-Factory (``CustomDPOTrainer.get_batch_loss_metrics``) and TRL 1.16
+    (``DPOTrainer._compute_loss``) run the policy forward first and the reference forward after
+    it, before backward, so the policy's graph is alive during the reference forward.
+    - full logits: the fp32 logits (returned as ``chosen_logits`` / ``rejected_logits`` and kept
+      for the ``logits/*`` metrics) and ``log_softmax``'s fp32 output saved for backward: 8 B x V
+      per token;
+    - TRL's fused head: the scored hidden states and the per-token fp32 statistics it saves
+      (``ChunkedLogProbFunction.forward``: ``ctx.save_for_backward``);
+    - Liger: no DPO path (see ``loss_path``); its SFT forward keeps the input and weight grads it
+      computed in the forward, the same bytes as ``train_loss_bytes`` minus the tile.
+    """
+    if path == "trl_fused":
+        return tokens * model.hidden_size * a + TRL_FP32_PER_TOKEN * FP32 * tokens
+    if path == "liger":
+        h, v = model.hidden_size, model.vocab_size
+        return tokens * h * a + v * h * a + FP32 * tokens
+    return 2 * FP32 * model.vocab_size * tokens

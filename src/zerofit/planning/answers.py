@@ -15,7 +15,7 @@ FLAVOURS = ("explicit", "auto")
 ATTENTION = ("sdpa", "eager", "flash_attention_2")
 STACKS = ("hf", "accelerate", "deepspeed")
 OPTIMIZERS = ("adamw_torch", "adamw_torch_fused", "adamw_forloop", "ds_fused_adam", "ds_cpu_adam")
-LOSS_KERNELS = ("hf", "liger")
+LOSS_KERNELS = ("hf", "liger", "trl_fused")
 
 
 @dataclass(frozen=True)
@@ -39,7 +39,7 @@ class Answers:
     # --- the training stack (memory/optimizers.py, memory/losses.py derive what each implies)
     stack: str = "hf"                    # hf (Trainer/TRL/LLaMA-Factory) | accelerate | deepspeed
     optimizer: str | None = None         # None: what the stack runs (hf: adamw_torch_fused)
-    loss_kernel: str = "hf"              # hf (full logits) | liger (fused linear cross-entropy)
+    loss_kernel: str = "hf"              # hf (full logits) | liger | trl_fused (TRL >= 1.16 DPO/GRPO)
     precompute_ref: bool = False         # dpo: precompute_ref_log_probs (no reference model)
     vllm_gpu_memory_utilization: float | None = None   # grpo: colocated vLLM's share of the GPU
     steps_per_generation: int | None = None            # grpo: None = gradient accumulation steps
@@ -105,6 +105,9 @@ def validate_answers(a: Answers) -> Answers:
     if a.workload == "grpo" and a.completion_len >= a.seq_len:
         raise ZerofitError("completion_len", f"{a.completion_len} leaves no room for a prompt in seq_len {a.seq_len}",
                            "raise seq_len or lower completion_len")
+    if a.loss_kernel == "trl_fused" and a.workload == "sft":
+        raise ZerofitError("loss_kernel", "trl_fused is TRL's DPO/GRPO head, not an SFT loss",
+                           "use --loss-kernel hf or liger for sft")
     if a.global_batch is not None and a.workload == "grpo" and a.global_batch % a.num_generations:
         raise ZerofitError("global_batch", f"{a.global_batch} is not divisible by num_generations {a.num_generations}",
                            "use a multiple of num_generations")
