@@ -143,3 +143,58 @@ def test_trl_fused_head_counts_fp32_weight_grad():
     holds V x H x (4 + 2) bytes whatever the token count."""
     small = losses.train_loss_bytes("trl_fused", QWEN25_7B, 2, 1)
     assert small >= QWEN25_7B.vocab_size * QWEN25_7B.hidden_size * 6
+
+
+def test_full_logits_dpo_reference_forward_holds_the_policy_logits():
+    """LLaMA-Factory's CustomDPOTrainer (and TRL before 1.16): the policy's fp32 logits and its
+    saved log_softmax stay alive while the reference's no-grad forward builds its own fp32 logits
+    and log_softmax, so the loss path peaks at 16 B x V per token, in the reference forward."""
+    torch = pytest.importorskip("torch")
+
+    torch.manual_seed(0)
+    micro, seq = 1, 256
+    rows = 2 * micro  # chosen + rejected concatenated
+    weight = torch.randn(V, H, dtype=torch.bfloat16)
+    hidden = torch.randn(rows, seq, H, dtype=torch.bfloat16, requires_grad=True)
+    ref_hidden = torch.randn(rows, seq, H, dtype=torch.bfloat16)
+    labels = torch.randint(0, V, (rows, seq))
+
+    def batch_logps(logits):
+        # LLaMA-Factory get_batch_logps: shift, log_softmax over the vocabulary, gather
+        logps = logits[:, :-1, :].log_softmax(-1)
+        return torch.gather(logps, 2, labels[:, 1:].unsqueeze(2)).squeeze(2).sum(-1)
+
+    def step():
+        all_logits = (hidden @ weight.t()).to(torch.float32)   # concatenated_forward
+        policy = batch_logps(all_logits)
+        chosen_logits, rejected_logits = all_logits.split(micro)   # returned for the metrics
+        with torch.no_grad():
+            reference = batch_logps((ref_hidden @ weight.t()).to(torch.float32))
+        loss = -torch.nn.functional.logsigmoid(policy - reference).mean()
+        del all_logits, chosen_logits, rejected_logits   # get_batch_loss_metrics returns
+        loss.backward()
+
+    peak, _, _ = tracked_peak(step, hidden, weight, ref_hidden, labels)
+    measured = peak - hidden.nbytes - weight.nbytes - ref_hidden.nbytes - labels.nbytes
+    tokens = rows * seq
+    predicted = losses.policy_held_bytes("hf", _spec(), 2, tokens) + losses.reference_loss_bytes(
+        "hf", _spec(), 2, tokens)
+    print(f"full-logits dpo reference phase: measured {measured:,} predicted {predicted:,}")
+    assert measured == pytest.approx(predicted, rel=0.03)
+    # and it is the larger of the loss path's two moments: backward alone holds 12 B x V per token
+    assert predicted > losses.train_loss_bytes("hf", _spec(), 2, tokens)
+
+
+def test_dpo_reference_phase_counts_the_policy_graph():
+    """In the estimate, DPO's reference phase holds the policy's stored activations and its
+    loss-path tensors on top of the reference's own forward."""
+    from zerofit.memory.estimate import TrainSetup, estimate_memory
+
+    setup = TrainSetup(stage=3, world_size=8, micro_batch=1, seq_len=4096, workload="dpo",
+                       stack="hf", gradient_checkpointing=True)
+    est = estimate_memory(QWEN25_7B, setup)
+    tokens = 2 * 4096
+    assert est.phase == "reference"
+    assert est.breakdown["policy_logits"] == losses.policy_held_bytes("hf", QWEN25_7B, 2, tokens)
+    assert est.breakdown["policy_activations"] == act.stored_activation_bytes(
+        QWEN25_7B, 2, tokens, 2, 4096, "sdpa", True)
