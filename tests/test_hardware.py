@@ -14,14 +14,14 @@ from zerofit.hardware import CATALOG, detect_host_ram_gib, lookup, match_gpu_nam
 @pytest.mark.parametrize(
     "key, gib, bf16",
     [
-        ("A800", 79.3, True),
-        ("H800", 79.6, True),
+        ("A800", 79.15, True),
+        ("H800", 79.11, True),
         ("H20", 95.6, True),
         ("A40", 44.4, True),
         ("L20", 44.4, True),
         ("MI250X", 64.0, True),
         ("MI300X", 191.5, True),
-        ("V100-32GB", 31.7, False),
+        ("V100-32GB", 31.75, False),
     ],
 )
 def test_catalog_entries(key, gib, bf16):

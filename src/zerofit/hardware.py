@@ -20,30 +20,35 @@ class GpuSpec:
     bf16_tflops: float     # dense peak, for throughput ranking only
 
 
-# Memory is the usable total the driver reports (nvidia-smi MiB / 1024), not the marketing GB:
-# an "80GB" H100 shows 81559 MiB = 79.6 GiB. Order matters for detection: specific names first.
+# Memory is what torch can use: cudaMemGetInfo's total, which torch.cuda.get_device_properties()
+# .total_memory and every OOM message print ("GPU 0 has a total capacity of X GiB"), not the
+# marketing GB and not nvidia-smi's total (which includes what the driver reserves). It varies by
+# about 0.2 GiB with the driver; the catalog keeps the lowest value seen in public OOM messages:
+# A100 80GB "79.15 GiB total capacity" (A800: the same HBM2e part), H100 80GB "total capacity of
+# 79.11 GiB" (vllm-project/vllm#27508), A100 40GB 39.39, V100 16GB 15.77, V100 32GB 31.75.
+# Order matters for detection: specific names first.
 CATALOG: dict[str, GpuSpec] = {g.key: g for g in [
     GpuSpec("B200", "NVIDIA B200 180GB", 178.4, True, True, "nvlink", 2250),
     GpuSpec("H200", "NVIDIA H200 141GB", 139.8, True, True, "nvlink", 989),
     GpuSpec("H100-NVL", "NVIDIA H100 NVL 94GB", 93.6, True, True, "nvlink", 835),
-    GpuSpec("H100-PCIE", "NVIDIA H100 PCIe 80GB", 79.6, True, True, "pcie", 756),
-    GpuSpec("H100-SXM", "NVIDIA H100 SXM 80GB", 79.6, True, True, "nvlink", 989),
-    GpuSpec("A100-80GB", "NVIDIA A100 80GB", 79.3, True, False, "nvlink", 312),
-    GpuSpec("A100-40GB", "NVIDIA A100 40GB", 39.4, True, False, "nvlink", 312),
+    GpuSpec("H100-PCIE", "NVIDIA H100 PCIe 80GB", 79.11, True, True, "pcie", 756),
+    GpuSpec("H100-SXM", "NVIDIA H100 SXM 80GB", 79.11, True, True, "nvlink", 989),
+    GpuSpec("A100-80GB", "NVIDIA A100 80GB", 79.15, True, False, "nvlink", 312),
+    GpuSpec("A100-40GB", "NVIDIA A100 40GB", 39.39, True, False, "nvlink", 312),
     GpuSpec("L40S", "NVIDIA L40S 48GB", 44.4, True, True, "pcie", 362),
     GpuSpec("A6000", "NVIDIA RTX A6000 48GB", 47.4, True, False, "pcie", 155),
     GpuSpec("A10", "NVIDIA A10 24GB", 22.0, True, False, "pcie", 125),
     GpuSpec("L4", "NVIDIA L4 24GB", 22.0, True, True, "pcie", 121),
     GpuSpec("RTX4090", "NVIDIA GeForce RTX 4090 24GB", 23.6, True, True, "pcie", 165),
     GpuSpec("RTX3090", "NVIDIA GeForce RTX 3090 24GB", 23.6, True, False, "pcie", 71),
-    GpuSpec("V100-32GB", "NVIDIA V100 32GB", 31.7, False, False, "nvlink", 125),
-    GpuSpec("V100-16GB", "NVIDIA V100 16GB", 15.8, False, False, "nvlink", 125),
+    GpuSpec("V100-32GB", "NVIDIA V100 32GB", 31.75, False, False, "nvlink", 125),
+    GpuSpec("V100-16GB", "NVIDIA V100 16GB", 15.77, False, False, "nvlink", 125),
     GpuSpec("T4", "NVIDIA T4 16GB", 14.6, False, False, "pcie", 65),
     # Added later, kept after the first entries so menus keep their order. China-market
     # Hopper/Ampere parts (vendor datasheets: H800/A800 80 GB, H20 96 GB HBM3), 48 GB GDDR6 cards.
-    GpuSpec("H800", "NVIDIA H800 80GB", 79.6, True, True, "nvlink", 989),
+    GpuSpec("H800", "NVIDIA H800 80GB", 79.11, True, True, "nvlink", 989),
     GpuSpec("H20", "NVIDIA H20 96GB", 95.6, True, True, "nvlink", 148),
-    GpuSpec("A800", "NVIDIA A800 80GB", 79.3, True, False, "nvlink", 312),
+    GpuSpec("A800", "NVIDIA A800 80GB", 79.15, True, False, "nvlink", 312),
     GpuSpec("A40", "NVIDIA A40 48GB", 44.4, True, False, "pcie", 150),
     GpuSpec("L20", "NVIDIA L20 48GB", 44.4, True, True, "pcie", 120),
     # AMD Instinct (ROCm; DeepSpeed runs on RCCL). "nvlink" here means the xGMI/Infinity Fabric

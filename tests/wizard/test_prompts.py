@@ -73,11 +73,11 @@ def test_single_node_sft_flow_with_an_override():
     assert reviewed == got.replace(stage=3)
     assert plan.stage == 3 and plan.peak_gib == 20.0
     text = term.console.file.getvalue()
-    assert "peak 20.0 GiB per GPU of 79.3 GiB" in text
+    assert "peak 20.0 GiB per GPU of 79.15 GiB" in text
     assert "(was 40.0 GiB, fits)" in text
     assert "? New ZeRO stage" not in text  # prompts go to the prompt output, not the console  # the re-estimate is shown at once, against the previous plan
     assert re.search(r"stage +3 \* +smallest stage that fits", text)  # overrides are marked
-    assert "on 8 x A100-80GB (79.3 GiB) x 1 node, bf16, sft, seq 4096" in text
+    assert "on 8 x A100-80GB (79.15 GiB) x 1 node, bf16, sft, seq 4096" in text
 
 
 def test_multi_node_grpo_flow_asks_the_conditional_questions_and_rechecks_the_model():

@@ -253,7 +253,7 @@ _WORKLOAD_TITLES = {"sft": "sft  - supervised fine-tuning", "dpo": "dpo  - prefe
 
 
 def gpu_choices() -> tuple[tuple[str, str], ...]:
-    """(key, title) for every catalog GPU, e.g. ('A100-80GB', 'A100-80GB  NVIDIA A100 80GB, 79.3 GiB, bf16')."""
+    """(key, title) for every catalog GPU, e.g. ('A100-80GB', 'A100-80GB  NVIDIA A100 80GB, 79.15 GiB, bf16')."""
     width = max(len(k) for k in CATALOG)
     return tuple((g.key, f"{g.key:<{width}}  {g.name}, {g.memory_gib:g} GiB, {'bf16' if g.bf16 else 'no bf16'}")
                  for g in CATALOG.values())
