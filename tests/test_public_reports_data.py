@@ -115,13 +115,32 @@ def test_report_model_configs_carry_their_shape(path):
         assert key in config, f"{path.name} lacks {key}"
 
 
-def test_the_benchmark_drops_only_fields_answers_does_not_know():
+def _bench():
     path = ROOT / "benchmarks" / "public_reports.py"
     spec = importlib.util.spec_from_file_location("public_reports", path)
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
+    return bench
+
+
+def test_the_benchmark_drops_only_fields_answers_does_not_know():
+    bench = _bench()
     report = REPORTS[0]
     kept, dropped = bench.answers_dict(report, ANSWER_FIELDS)
     assert set(dropped) == set(report["answers"]) - ANSWER_FIELDS
     assert set(kept) == set(report["answers"]) & ANSWER_FIELDS
     assert Path(kept["model"]).is_absolute() or not kept["model"].endswith(".json")
+
+
+def test_the_benchmark_reads_ds_configs_and_judges_host_ram_only_when_stated(tmp_path):
+    """A report's DeepSpeed JSON goes through `zerofit estimate --ds-config`'s own path, and the
+    RAM of the machine running the benchmark never judges a reporter's node."""
+    bench = _bench()
+    report = next(r for r in REPORTS if r["id"] == "lf5977-3090x8-llama3-8b-z3-offload")
+    row = bench.estimate_report(report, ANSWER_FIELDS, tmp_path)
+    assert row["status"] == "ok" and "buckets" in row["from_files"]
+    assert row["host_ram_known"] is False and row["fits"] is True
+    # the same run on a node stated to have 16 GiB of RAM cannot hold the offloaded states
+    small = {**report, "answers": {**report["answers"], "host_ram_gib": 16.0}}
+    row = bench.estimate_report(small, ANSWER_FIELDS, tmp_path)
+    assert row["cpu_gib"] > 16 and row["fits"] is False
