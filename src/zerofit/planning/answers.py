@@ -39,7 +39,7 @@ class Answers:
     # --- the training stack (memory/optimizers.py, memory/losses.py derive what each implies)
     stack: str = "hf"                    # hf (Trainer/TRL/LLaMA-Factory) | accelerate | deepspeed
     optimizer: str | None = None         # None: what the stack runs (hf: adamw_torch_fused)
-    loss_kernel: str = "hf"              # hf (full logits) | liger | trl_fused (TRL >= 1.16 DPO/GRPO)
+    loss_kernel: str = "hf"              # hf (full logits) | liger | trl_fused (TRL >= 1.16)
     precompute_ref: bool = False         # dpo: precompute_ref_log_probs (no reference model)
     vllm_gpu_memory_utilization: float | None = None   # grpo: colocated vLLM's share of the GPU
     steps_per_generation: int | None = None            # grpo: None = gradient accumulation steps
