@@ -75,6 +75,8 @@ def test_accelerate_tables_equal_cluster_config_and_launch_flags():
     flags = {o[2:] for a in launch_command_parser()._actions for o in a.option_strings}
     assert set(T.ACCELERATE_DS_KEYS) <= flags and set(T.DS_FILE_CONFLICTS) <= flags
     assert set(T.DISTRIBUTED_TYPES) == {d.value for d in DistributedType}
+    from accelerate.utils.constants import DEEPSPEED_MULTINODE_LAUNCHERS
+    assert list(T.DS_MULTINODE_LAUNCHERS) == DEEPSPEED_MULTINODE_LAUNCHERS
 
 
 # ---------------------------------------------------------------- behaviour
@@ -197,3 +199,105 @@ def test_fuzz_cli_flags_exit_cleanly(tmp_path_factory, command, flags, with_file
     code, text = _run_cli(argv + flags)
     assert code in (0, 1, 2), (argv + flags, code, text)
     assert "Traceback" not in text
+
+
+# ---------------------------------------------------------------- judged by DeepSpeed / accelerate themselves
+def _yaml(**fields) -> str:
+    return yaml.safe_dump(dict({"compute_environment": "LOCAL_MACHINE", "distributed_type": "DEEPSPEED",
+                                "num_processes": 2}, **fields))
+
+
+@pytest.mark.parametrize("libraries", [True, False])
+def test_accelerate_yaml_values_accelerate_would_crash_on(libraries):
+    bad = _yaml(deepspeed_config={"zero_stage": 9, "offload_optimizer_device": "gpu", "zero3_init_flag": "maybe"})
+    got = {p.path: p for p in check_files({"a.yaml": bad}, use_libraries=libraries)}
+    assert set(got) == {"a.yaml:deepspeed_config.zero_stage", "a.yaml:deepspeed_config.offload_optimizer_device",
+                        "a.yaml:deepspeed_config.zero3_init_flag"}
+    assert all(p.severity == "error" for p in got.values())
+    fine = _yaml(deepspeed_config={"zero_stage": 3, "offload_optimizer_device": "cpu", "zero3_init_flag": "true"})
+    assert check_files({"a.yaml": fine}, use_libraries=libraries) == []
+
+
+def test_fsdp_key_typos_are_found_with_the_right_spelling():
+    cfg = {"compute_environment": "LOCAL_MACHINE", "distributed_type": "FSDP", "num_processes": 2,
+           "fsdp_config": {"fsdp_sharding_strategy": "FULL_SHARD", "fsdp_auto_wrap_polcy": "TRANSFORMER_BASED_WRAP",
+                           "state_dict_type": "SHARDED_STATE_DICT"}}  # un-prefixed keys are valid (fsdp_ added)
+    got = check_files({"f.yaml": yaml.safe_dump(cfg)})
+    assert [(p.path, p.fix) for p in got] == [("f.yaml:fsdp_config.fsdp_auto_wrap_polcy",
+                                               "did you mean 'fsdp_auto_wrap_policy'?")]
+
+
+def test_removed_deprecated_and_unknown_deepspeed_keys():
+    ds = dict(GOOD_DS, amp={"enabled": True},
+              zero_optimization={"stage": 2, "mics_shard_size": 8, "cpu_offload": True, "overlap_com": True,
+                                 "offload_optimizer": {"device": "gpu", "pin_mem": True}})
+    got = {p.path: p for p in check_deepspeed(ds, "d.json")}
+    assert "Apex AMP" in got["d.json:amp"].message and got["d.json:amp"].fix == "remove it"
+    assert "MiCS" in got["d.json:zero_optimization.mics_shard_size"].message
+    assert got["d.json:zero_optimization.cpu_offload"].severity == "warning"  # deprecated alias, still read
+    assert got["d.json:zero_optimization.overlap_com"].fix == "did you mean 'overlap_comm'?"
+    assert got["d.json:zero_optimization.offload_optimizer.pin_mem"].fix == "did you mean 'pin_memory'?"
+    assert "'gpu'" in got["d.json:zero_optimization.offload_optimizer.device"].message
+
+
+def test_duplicate_json_keys_are_an_error():
+    text = '{"train_batch_size": 8, "zero_optimization": {"stage": 2, "stage": 3}}'
+    [problem] = check_files({"d.json": text})
+    assert problem.path == "d.json:stage" and "twice" in problem.message and problem.severity == "error"
+
+
+@pytest.mark.parametrize("libraries", [True, False])
+def test_valid_forms_deepspeed_accepts_pass(libraries):
+    legacy = {"train_batch_size": 8, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2,
+              "zero_optimization": True}
+    floats = dict(GOOD_DS, zero_optimization={"stage": 2, "reduce_bucket_size": 5e8, "allgather_bucket_size": 2e8})
+    zeropp = dict(GOOD_DS, zero_optimization={"stage": 3, "zero_hpz_partition_size": 8, "zero_quantized_weights": True,
+                                              "zero_quantized_gradients": True})
+    for ds in (legacy, floats, zeropp):
+        assert check_deepspeed(ds, use_libraries=libraries) == [], ds
+
+
+def test_whole_config_is_run_through_deepspeedconfig():
+    ds = dict(GOOD_DS, bf16={"enabled": True}, fp16={"enabled": True})
+    got = check_deepspeed(ds)  # our own rule names it; DeepSpeed's whole-config run is skipped after errors
+    assert [p.path for p in got] == ["ds_config.json:fp16.enabled"]
+    odd = dict(GOOD_DS, train_micro_batch_size_per_gpu=0, train_batch_size=0)  # DeepSpeed asserts micro > 0
+    [problem] = check_deepspeed(odd)
+    assert problem.message.startswith("DeepSpeed rejects it") and problem.path == "ds_config.json"
+
+
+def test_auto_rules_per_client():
+    ds = dict(GOOD_DS, train_batch_size="auto", optimizer={"type": "AdamW", "params": {"lr": "auto", "betas": "auto"}})
+    assert check_deepspeed(ds, client="trainer") == []
+    assert paths(check_deepspeed(ds, client="accelerate")) == ["ds_config.json:optimizer.params.betas"]
+    assert paths(check_deepspeed(ds, client="deepspeed")) == [
+        "ds_config.json:optimizer.params.betas", "ds_config.json:optimizer.params.lr", "ds_config.json:train_batch_size"]
+    [merged] = check_deepspeed(ds)
+    assert merged.severity == "warning" and "3 values" in merged.message
+
+
+def test_multinode_launcher_and_hostfile():
+    base = dict(num_machines=2, num_processes=4, main_process_ip="10.0.0.1", main_process_port=29500, machine_rank=0)
+    def run(ds, exists=lambda p: True):
+        return {p.path: p for p in check_files({"a.yaml": _yaml(deepspeed_config=ds, **base)}, exists=exists)}
+    # pdsh with an existing hostfile: valid, one warning that says what it really needs
+    got = run({"deepspeed_config_file": "d.json", "deepspeed_multinode_launcher": "pdsh",
+               "deepspeed_hostfile": "/job/hostfile"})
+    [warn] = got.values()
+    assert warn.severity == "warning" and "machine 0 only" in warn.message and "alone" not in warn.message
+    # a named hostfile that does not exist
+    got = run({"deepspeed_config_file": "d.json", "deepspeed_hostfile": "/no/hostfile"},
+              exists=lambda p: p != "/no/hostfile")
+    assert got["a.yaml:deepspeed_config.deepspeed_hostfile"].severity == "error"
+    # no hostfile at all: DeepSpeed's runner starts local ranks only
+    got = run({"deepspeed_config_file": "d.json"})
+    assert "this machine only" in got["a.yaml:deepspeed_config.deepspeed_multinode_launcher"].message
+    assert run({"deepspeed_config_file": "d.json", "deepspeed_multinode_launcher": "standard"}) == {}
+    bad = run({"deepspeed_config_file": "d.json", "deepspeed_multinode_launcher": "ssh"})
+    assert "pdsh, standard" in bad["a.yaml:deepspeed_config.deepspeed_multinode_launcher"].fix
+
+
+def test_engine_names_what_judged():
+    from zerofit.configs.check import engine
+    assert engine().startswith("DeepSpeed ") and "accelerate" in engine()
+    assert "tables" in engine(use_libraries=False)

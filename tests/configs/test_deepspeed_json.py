@@ -24,10 +24,13 @@ def _plan(stage, opt="none", par="none", precision="bf16", flavour="explicit", *
                       nvme_path=nvme, micro_batch=kw.pop("micro", 4), grad_accum=kw.pop("accum", 3), **kw)
 
 
-def substitute_auto(ds: dict, hidden: int, micro: int, accum: int, world: int) -> dict:
-    """Fill "auto" the way accelerate/HF Trainer do, so DeepSpeed's config class can read it."""
+def substitute_auto(ds: dict, hidden: int, micro: int, accum: int, world: int, precision: str = "bf16") -> dict:
+    """Fill "auto" the way accelerate/HF Trainer do (``--bf16``/``--fp16`` from ``precision``)."""
     import copy
     ds = copy.deepcopy(ds)
+    for dtype in ("bf16", "fp16"):
+        if isinstance(ds.get(dtype), dict) and ds[dtype].get("enabled") == "auto":
+            ds[dtype]["enabled"] = precision == dtype
     fills = {"train_micro_batch_size_per_gpu": micro, "gradient_accumulation_steps": accum,
              "train_batch_size": micro * accum * world, "gradient_clipping": 1.0}
     for k, v in fills.items():
@@ -55,7 +58,7 @@ def deepspeed_accepts(ds: dict, world: int):
 @pytest.mark.parametrize("flavour", ["explicit", "auto"])
 def test_every_combination_is_valid_for_deepspeed(stage, opt, par, precision, flavour):
     ds = build_zero_config(_plan(stage, opt, par, precision, flavour))
-    cfg = deepspeed_accepts(substitute_auto(ds, 4096, 4, 3, 8), world=8)
+    cfg = deepspeed_accepts(substitute_auto(ds, 4096, 4, 3, 8, precision), world=8)
     assert cfg.zero_optimization_stage == stage
     assert cfg.train_batch_size == 4 * 3 * 8
     assert cfg.bfloat16_config.enabled == (precision == "bf16")
@@ -85,6 +88,38 @@ def test_auto_flavour_fills_auto_only_where_it_resolves_to_ds_defaults():
     assert z3["reduce_bucket_size"] == z3["stage3_prefetch_bucket_size"] == "auto"
     assert z3["stage3_param_persistence_threshold"] == "auto"
     assert z3["stage3_max_live_parameters"] == 1_000_000_000
+
+
+def test_auto_flavour_precision_is_auto_with_the_hf_docs_loss_scaling():
+    # transformers trainer_config_process fill_match("fp16.enabled"/"bf16.enabled") from --fp16/--bf16,
+    # accelerate set_mixed_precision from --mixed_precision: any precision flag works with one file.
+    for precision in ("bf16", "fp16", "fp32"):
+        ds = build_zero_config(_plan(2, precision=precision, flavour="auto"))
+        assert ds["bf16"] == {"enabled": "auto"}
+        assert ds["fp16"] == {"enabled": "auto", "loss_scale": 0, "loss_scale_window": 1000,
+                              "initial_scale_power": 16, "hysteresis": 2, "min_loss_scale": 1}
+    assert "--bf16" in build_zero_config(_plan(2, flavour="auto"))["_comment"]
+    explicit = build_zero_config(_plan(2, precision="bf16"))
+    assert explicit["bf16"] == {"enabled": True} and "fp16" not in explicit
+
+
+@pytest.mark.parametrize("flavour", ["explicit", "auto"])
+@pytest.mark.parametrize("opt", ["none", "cpu"])
+def test_optimizer_block_on_request(flavour, opt):
+    ds = build_zero_config(_plan(2, opt, flavour=flavour, optimizer_block=True))
+    params = ds["optimizer"]["params"]
+    assert ds["optimizer"]["type"] == "AdamW"
+    if flavour == "auto":
+        assert {k: params[k] for k in ("lr", "betas", "eps", "weight_decay")} == dict.fromkeys(
+            ("lr", "betas", "eps", "weight_decay"), "auto")
+    else:
+        assert params["lr"] == 1e-3 and params["betas"] == [0.9, 0.999]  # torch.optim.AdamW defaults
+    # torch AdamW instead of JIT fused_adam; with offload DeepSpeedCPUAdam must be built instead
+    assert params.get("torch_adam") is (True if opt == "none" else None)
+    filled = substitute_auto(ds, 4096, 4, 3, 8)
+    if flavour == "auto":
+        filled["optimizer"]["params"].update(lr=1e-5, betas=[0.9, 0.999], eps=1e-8, weight_decay=0.0)
+    assert deepspeed_accepts(filled, world=8).optimizer_name == "adamw"
 
 
 def test_stage3_explicit_buckets_follow_hidden_size():

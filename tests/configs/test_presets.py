@@ -32,6 +32,7 @@ def test_no_stray_files():
 def test_presets_valid_in_deepspeed_after_auto_substitution(name, world):
     ds = json.loads((PRESET_DIR / f"{name}.json").read_text())
     cfg = deepspeed_accepts(substitute_auto(ds, hidden=4096, micro=2, accum=4, world=world), world=world)
+    assert cfg.bfloat16_config.enabled and not cfg.float16_config.enabled  # "auto" filled from --bf16
     assert cfg.zero_optimization_stage == PRESETS[name][0]
     assert cfg.train_batch_size == 2 * 4 * world
 

@@ -27,6 +27,8 @@ _HELP = {
     "micro_batch": "sequences per GPU per forward (default: the planner picks)",
     "gradient_checkpointing": "recompute activations in backward (default: the planner picks)",
     "flavour": "explicit numbers, or 'auto' values for HF Trainer / TRL",
+    "optimizer_block": "write an AdamW `optimizer` block into the DeepSpeed JSON (plain DeepSpeed "
+                       "scripts that call deepspeed.initialize without their own optimizer)",
     "headroom": "fraction of GPU memory a plan may use (default 0.9)",
 }
 _ALIASES = {"num_nodes": ["--nodes"]}
