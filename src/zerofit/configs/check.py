@@ -195,10 +195,41 @@ def check_deepspeed(cfg: dict, name: str = "ds_config.json", world: int | None =
         problems.append(Problem(f"{name}:bf16.enabled", "this GPU has no bf16 support",
                                 'use "fp16": {"enabled": true} instead (V100, T4), or "auto" with --fp16'))
     problems += _check_batch(cfg, name, world)
+    if client == "trainer":
+        problems += _trainer_must_match(cfg, name)
     if use_libraries and not any(p.severity == "error" for p in problems):
         from zerofit.configs.check_ecosystem import check_deepspeed_whole
         problems += check_deepspeed_whole(_as_filled(cfg), name, world or 1)
     return problems
+
+
+# transformers HfTrainerDeepSpeedConfig.trainer_config_process: fill_match() raises when a value
+# that is not "auto" differs from these TrainingArguments ("ds X=.. vs hf Y=..").
+_TRAINER_MATCH = {"train_micro_batch_size_per_gpu": "--per_device_train_batch_size {v}",
+                  "gradient_accumulation_steps": "--gradient_accumulation_steps {v}",
+                  "train_batch_size": "world x per-device batch x accumulation = {v}",
+                  "gradient_clipping": "--max_grad_norm {v}",
+                  "bf16.enabled": "{flag}--bf16", "fp16.enabled": "{flag}--fp16",
+                  "optimizer.params.lr": "--learning_rate {v}", "optimizer.params.eps": "--adam_epsilon {v}",
+                  "optimizer.params.weight_decay": "--weight_decay {v}"}
+
+
+def _trainer_must_match(cfg: dict, name: str) -> list[Problem]:
+    """Explicit values under the HF Trainer / TRL must equal the training arguments, or it stops."""
+    needs = []
+    for path, arg in _TRAINER_MATCH.items():
+        node: Any = cfg
+        for part in path.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        if node is None or node == "auto":
+            continue
+        flag = "" if node is True else "no "
+        needs.append(f"{path}={json.dumps(node)} needs " + arg.format(v=node, flag=flag))
+    if not needs:
+        return []
+    return [Problem(f"{name}:explicit", "the HF Trainer / TRL stop unless these explicit values equal their "
+                    "arguments: " + "; ".join(needs),
+                    'pass exactly those arguments, or write "auto" (zerofit config --flavour auto)', "warning")]
 
 
 def _as_filled(cfg: dict) -> dict:
