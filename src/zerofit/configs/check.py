@@ -171,7 +171,12 @@ def check_deepspeed(cfg: dict, name: str = "ds_config.json", world: int | None =
     if use_libraries:
         from zerofit.configs.check_ecosystem import check_deepspeed_sections
         problems += check_deepspeed_sections(cfg, name)
-    problems += _merge_auto_warnings(_check_autos(cfg, name, "", client), name)
+    removed = set()
+    if use_libraries:
+        from zerofit.configs.check_ecosystem import removed_top_level_keys
+        removed = removed_top_level_keys()
+    kept = {k: v for k, v in cfg.items() if k not in removed}  # a removed block is reported once, whole
+    problems += _merge_auto_warnings(_check_autos(kept, name, "", client), name)
     zero = cfg.get("zero_optimization")
     zero = zero if isinstance(zero, dict) else {}
     stage = zero.get("stage", 0)
@@ -300,7 +305,11 @@ def _check_keys(cfg: dict, table: dict, name: str, prefix: str, descend: bool = 
         if key.startswith("_") and not prefix:
             continue  # "_comment" style notes: DeepSpeed ignores unknown top-level keys
         if key not in table:
-            problems.append(_unknown(where, key, table))
+            unknown = _unknown(where, key, table)
+            if not prefix:  # DeepSpeed reads known top-level keys and ignores the rest: no effect, no crash
+                unknown = Problem(where, "is not a key DeepSpeed reads at the top level (it is ignored)",
+                                  unknown.fix, "warning")
+            problems.append(unknown)
             continue
         if value == "auto":
             continue
@@ -331,9 +340,12 @@ def _check_autos(node: dict, name: str, prefix: str, client: str | None) -> list
     return problems
 
 
+_UNKNOWN_CLIENT = '"auto" is filled only by HF Trainer / TRL'
+
+
 def _merge_auto_warnings(problems: list[Problem], name: str) -> list[Problem]:
     """One warning per file for "auto" values with an unknown client, naming every key."""
-    warned = [p for p in problems if p.severity == "warning"]
+    warned = [p for p in problems if p.severity == "warning" and p.message.startswith(_UNKNOWN_CLIENT)]
     if len(warned) < 2:
         return problems
     keys = ", ".join(p.path.split(":", 1)[1] for p in warned)
@@ -341,13 +353,24 @@ def _merge_auto_warnings(problems: list[Problem], name: str) -> list[Problem]:
                      "TRL / accelerate.prepare(); plain DeepSpeed rejects them",
                      "pass --client trainer, accelerate or deepspeed to check for the client that runs it",
                      "warning")
-    return [p for p in problems if p.severity != "warning"] + [merged]
+    return [p for p in problems if p not in warned] + [merged]
+
+
+# Sections DeepSpeed reads with its pydantic config models, which drop "auto" values before
+# validating (deepspeed/runtime/config_utils.py DeepSpeedConfigModel.__init__, strict=False).
+_DROPS_AUTO = ("zero_optimization.", "bf16.", "bfloat16.", "fp16.")
 
 
 def _auto(where: str, path: str, client: str | None) -> list[Problem]:
     trainer_fills = path in HF_FILLED or path in ACCELERATE_FILLED  # the Trainer prepares through accelerate
     if not trainer_fills:
-        return [Problem(where, '"auto" is not filled by any client for this key (DeepSpeed drops it or raises)',
+        if path == "zero_optimization.stage":
+            return [Problem(where, '"auto" is filled by no client: DeepSpeed drops it and runs stage 0 (ZeRO off)',
+                            "write the stage: 1, 2 or 3")]
+        if path.startswith(_DROPS_AUTO):
+            return [Problem(where, '"auto" is filled by no client for this key: DeepSpeed drops it and uses its '
+                                   "default", "write the value itself (or remove the key)", "warning")]
+        return [Problem(where, '"auto" is filled by no client for this key (DeepSpeed passes it on as text)',
                         "write the value itself")]
     if client == "trainer":
         return []
@@ -360,7 +383,7 @@ def _auto(where: str, path: str, client: str | None) -> list[Problem]:
         return [Problem(where, '"auto" is filled only by HF Trainer / TRL / accelerate; plain DeepSpeed '
                                "(deepspeed.initialize, the deepspeed launcher) rejects it",
                         "write a number (zerofit config --flavour explicit)")]
-    return [Problem(where, '"auto" is filled only by HF Trainer / TRL (or accelerate.prepare() given a '
+    return [Problem(where, _UNKNOWN_CLIENT + " (or accelerate.prepare() given a "
                            "DataLoader); plain DeepSpeed rejects it",
                     "write a number, or pass --client trainer / --client accelerate for who runs it", "warning")]
 

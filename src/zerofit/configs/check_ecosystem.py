@@ -25,6 +25,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from zerofit.configs.check import Problem
+from zerofit.configs.check_tables import DS_TOP
 
 
 def deepspeed_version() -> str | None:
@@ -116,8 +117,10 @@ def _validate_model(model, data: dict, prefix: str, name: str) -> list[Problem]:
                     ann = getattr(field, "annotation", None)
                     sub = next((a for a in getattr(ann, "__args__", (ann,)) if hasattr(a, "model_fields")), None)
                     parent = sub or parent
-                problems.append(Problem(path, "is not a key DeepSpeed knows (DeepSpeed refuses the file)",
-                                        _near(loc[-1], _model_keys(parent))))
+                fix = _near(loc[-1], _model_keys(parent))
+                if len(loc) == 1 and prefix == "zero_optimization." and loc[0] in DS_TOP:
+                    fix = f"move {loc[0]!r} to the top level of the file (DeepSpeed reads it there)"
+                problems.append(Problem(path, "is not a key DeepSpeed knows (DeepSpeed refuses the file)", fix))
             else:
                 got = err.get("input")
                 problems.append(Problem(path, f"{got!r}: {err.get('msg', 'invalid')} (DeepSpeed's check)",
@@ -144,6 +147,12 @@ def _deprecations(model, data: dict, prefix: str, name: str) -> list[Problem]:
             problems.append(Problem(f"{name}:{prefix}{key}", "is deprecated (DeepSpeed still reads it, with a warning)",
                                     f"use {new!r} instead" if new else "remove it", "warning"))
     return problems
+
+
+def removed_top_level_keys() -> set[str]:
+    """Top-level blocks the installed DeepSpeed refuses as removed features."""
+    from deepspeed.runtime import config as ds_config
+    return set(getattr(ds_config, "_REMOVED_TOP_LEVEL_CONFIG_KEYS", {}))
 
 
 def check_deepspeed_sections(cfg: dict, name: str) -> list[Problem]:
