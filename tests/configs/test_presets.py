@@ -50,3 +50,13 @@ def test_accelerate_yamls_load(name):
     assert cfg.num_processes == 8
     if name != "multi_gpu":
         assert (REPO / cfg.deepspeed_config["deepspeed_config_file"]).is_file()
+
+
+def test_cli_check_exits_0_on_every_shipped_file(monkeypatch, capsys):
+    from zerofit.cli.main import main
+    monkeypatch.chdir(REPO)
+    files = sorted(str(p.relative_to(REPO)) for p in PRESET_DIR.rglob("*") if p.suffix in (".json", ".yaml"))
+    assert main(["check", *files]) == 0  # "auto" warnings (client unknown) do not fail the check
+    assert main(["check", "--client", "trainer", "--strict", *files]) == 0
+    out = capsys.readouterr().out
+    assert "ok: 9 files, no problems" in out
