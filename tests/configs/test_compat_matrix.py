@@ -13,6 +13,7 @@ and DeepSpeed's config class instead. Cells that are not meant to work (e.g. "au
 DeepSpeed, explicit bf16 under a Trainer run without --bf16) must fail for real AND be reported by
 `zerofit check` for that client, with the fix. Each cell is its own test below: none is skipped.
 """
+
 from __future__ import annotations
 
 import json
@@ -43,10 +44,21 @@ def _generated(root: Path, name: str, **answers) -> Path:
     return out
 
 
-def _cell(cid, client, expect="ok", stage=None, precision="bf16", micro=2, accum=1, check=None, **extra):
+def _cell(
+    cid, client, expect="ok", stage=None, precision="bf16", micro=2, accum=1, check=None, **extra
+):
     """A cell: what runs, and what must come out (facts of the engine, or a failure check names)."""
-    return dict(id=cid, client=client, expect=expect, stage=stage, precision=precision, micro=micro,
-                accum=accum, check=check, **extra)
+    return dict(
+        id=cid,
+        client=client,
+        expect=expect,
+        stage=stage,
+        precision=precision,
+        micro=micro,
+        accum=accum,
+        check=check,
+        **extra,
+    )
 
 
 def build_cells(root: Path) -> list[dict]:
@@ -55,63 +67,184 @@ def build_cells(root: Path) -> list[dict]:
     for name, stage in preset_stage.items():
         ds = str(PRESETS / f"{name}.json")
         cells.append(_cell(f"preset {name} | Trainer --bf16", "trainer", stage=stage, ds=ds))
-        cells.append(_cell(f"preset {name} | Trainer --fp16 (finalise)", "finalize", stage=stage, ds=ds,
-                           precision="fp16"))
+        cells.append(
+            _cell(
+                f"preset {name} | Trainer --fp16 (finalise)",
+                "finalize",
+                stage=stage,
+                ds=ds,
+                precision="fp16",
+            )
+        )
     ds2, ds3 = str(PRESETS / "zero2.json"), str(PRESETS / "zero3.json")
     cells.append(_cell("preset zero2 | Trainer fp32", "trainer", stage=2, ds=ds2, precision="fp32"))
     # fp16 for real: trains on a GPU; on a CPU DeepSpeed refuses fp16, which is why the finalise cells exist
-    cells.append(_cell("preset zero2 | Trainer --fp16 (real)", "trainer", expect="ok-on-gpu", stage=2, ds=ds2,
-                       precision="fp16"))
+    cells.append(
+        _cell(
+            "preset zero2 | Trainer --fp16 (real)",
+            "trainer",
+            expect="ok-on-gpu",
+            stage=2,
+            ds=ds2,
+            precision="fp16",
+        )
+    )
     for client in ("sft", "dpo", "grpo"):
         cells.append(_cell(f"preset zero2 | TRL {client}", client, stage=2, ds=ds2))
         cells.append(_cell(f"preset zero3 | TRL {client}", client, stage=3, ds=ds3))
-    cells.append(_cell("preset zero3_offload | TRL sft", "sft", stage=3, ds=str(PRESETS / "zero3_offload.json")))
+    cells.append(
+        _cell(
+            "preset zero3_offload | TRL sft", "sft", stage=3, ds=str(PRESETS / "zero3_offload.json")
+        )
+    )
     for name, stage in (("multi_gpu", 0), ("zero1", 1), ("zero2", 2), ("zero3", 3)):
-        cells.append(_cell(f"preset accelerate/{name}.yaml | accelerate loop --mixed_precision bf16", "accelerate",
-                           stage=stage, yaml=str(PRESETS / "accelerate" / f"{name}.yaml"), mixed_precision="bf16",
-                           cwd=str(REPO)))
-    cells.append(_cell("preset zero2 | deepspeed.initialize", "deepspeed", expect="fail", ds=ds2, optimizer="client",
-                       accum=2, check=("deepspeed", "train_batch_size", "--flavour explicit")))
+        cells.append(
+            _cell(
+                f"preset accelerate/{name}.yaml | accelerate loop --mixed_precision bf16",
+                "accelerate",
+                stage=stage,
+                yaml=str(PRESETS / "accelerate" / f"{name}.yaml"),
+                mixed_precision="bf16",
+                cwd=str(REPO),
+            )
+        )
+    cells.append(
+        _cell(
+            "preset zero2 | deepspeed.initialize",
+            "deepspeed",
+            expect="fail",
+            ds=ds2,
+            optimizer="client",
+            accum=2,
+            check=("deepspeed", "train_batch_size", "--flavour explicit"),
+        )
+    )
 
     # generated, explicit flavour, bf16 GPU (H100): plain DeepSpeed and accelerate loops
-    variants = {"s1": dict(stage=1), "s2": dict(stage=2), "s2_cpu": dict(stage=2, offload_optimizer="cpu"),
-                "s3": dict(stage=3), "s3_cpu": dict(stage=3, offload_optimizer="cpu", offload_param="cpu")}
+    variants = {
+        "s1": dict(stage=1),
+        "s2": dict(stage=2),
+        "s2_cpu": dict(stage=2, offload_optimizer="cpu"),
+        "s3": dict(stage=3),
+        "s3_cpu": dict(stage=3, offload_optimizer="cpu", offload_param="cpu"),
+    }
     for name, answers in variants.items():
         out = _generated(root, f"explicit_{name}", flavour="explicit", **answers)
         ds, yaml_path = str(out / "ds_config.json"), str(out / "accelerate.yaml")
         stage = answers["stage"]
-        cells.append(_cell(f"explicit {name} bf16 | deepspeed.initialize + client optimizer", "deepspeed", stage=stage,
-                           ds=ds, optimizer="client", accum=2))
-        cells.append(_cell(f"explicit {name} bf16 | accelerate loop (yaml)", "accelerate", stage=stage, yaml=yaml_path,
-                           accum=2, cwd=str(root)))
+        cells.append(
+            _cell(
+                f"explicit {name} bf16 | deepspeed.initialize + client optimizer",
+                "deepspeed",
+                stage=stage,
+                ds=ds,
+                optimizer="client",
+                accum=2,
+            )
+        )
+        cells.append(
+            _cell(
+                f"explicit {name} bf16 | accelerate loop (yaml)",
+                "accelerate",
+                stage=stage,
+                yaml=yaml_path,
+                accum=2,
+                cwd=str(root),
+            )
+        )
     for name in ("s2", "s2_cpu", "s3"):
-        out = _generated(root, f"explicit_{name}_optblock", flavour="explicit", optimizer_block=True, **variants[name])
-        cells.append(_cell(f"explicit {name} bf16 --optimizer-block | deepspeed.initialize", "deepspeed",
-                           stage=variants[name]["stage"], ds=str(out / "ds_config.json"), optimizer="block", accum=2))
+        out = _generated(
+            root,
+            f"explicit_{name}_optblock",
+            flavour="explicit",
+            optimizer_block=True,
+            **variants[name],
+        )
+        cells.append(
+            _cell(
+                f"explicit {name} bf16 --optimizer-block | deepspeed.initialize",
+                "deepspeed",
+                stage=variants[name]["stage"],
+                ds=str(out / "ds_config.json"),
+                optimizer="block",
+                accum=2,
+            )
+        )
     ex2 = str(root / "explicit_s2" / "ds_config.json")
-    cells.append(_cell("explicit s2 bf16 | Trainer --bf16, same batch", "trainer", stage=2, ds=ex2, accum=2))
-    cells.append(_cell("explicit s2 bf16 | Trainer fp32", "trainer", expect="fail", ds=ex2, precision="fp32", accum=2,
-                       check=("trainer", "explicit", "bf16.enabled=true needs --bf16")))
+    cells.append(
+        _cell("explicit s2 bf16 | Trainer --bf16, same batch", "trainer", stage=2, ds=ex2, accum=2)
+    )
+    cells.append(
+        _cell(
+            "explicit s2 bf16 | Trainer fp32",
+            "trainer",
+            expect="fail",
+            ds=ex2,
+            precision="fp32",
+            accum=2,
+            check=("trainer", "explicit", "bf16.enabled=true needs --bf16"),
+        )
+    )
 
     # generated, explicit flavour, V100-class fp16 GPU
     for stage in (1, 2, 3):
         out = _generated(root, f"explicit_v100_s{stage}", gpu="V100", precision="fp16", stage=stage)
-        cells.append(_cell(f"explicit V100 s{stage} fp16 | Trainer --fp16 (finalise)", "finalize", stage=stage,
-                           ds=str(out / "ds_config.json"), precision="fp16", accum=2))
+        cells.append(
+            _cell(
+                f"explicit V100 s{stage} fp16 | Trainer --fp16 (finalise)",
+                "finalize",
+                stage=stage,
+                ds=str(out / "ds_config.json"),
+                precision="fp16",
+                accum=2,
+            )
+        )
 
     # generated, auto flavour: bf16 GPU and V100
     for stage in (1, 2, 3):
         out = _generated(root, f"auto_s{stage}", flavour="auto", stage=stage)
-        cells.append(_cell(f"auto s{stage} (H100) | Trainer --bf16", "trainer", stage=stage,
-                           ds=str(out / "ds_config.json"), accum=2))
-        v100 = _generated(root, f"auto_v100_s{stage}", flavour="auto", gpu="V100", precision="fp16", stage=stage)
-        cells.append(_cell(f"auto s{stage} (V100) | Trainer --fp16 (finalise)", "finalize", stage=stage,
-                           ds=str(v100 / "ds_config.json"), precision="fp16", accum=2))
-    cells.append(_cell("auto s3 (H100) | accelerate loop --mixed_precision bf16", "accelerate", stage=3,
-                       yaml=str(root / "auto_s3" / "accelerate.yaml"), mixed_precision="bf16", cwd=str(root)))
-    cells.append(_cell("auto s3 (H100) | deepspeed.initialize", "deepspeed", expect="fail",
-                       ds=str(root / "auto_s3" / "ds_config.json"), optimizer="client",
-                       check=("deepspeed", "train_micro_batch_size_per_gpu", "--flavour explicit")))
+        cells.append(
+            _cell(
+                f"auto s{stage} (H100) | Trainer --bf16",
+                "trainer",
+                stage=stage,
+                ds=str(out / "ds_config.json"),
+                accum=2,
+            )
+        )
+        v100 = _generated(
+            root, f"auto_v100_s{stage}", flavour="auto", gpu="V100", precision="fp16", stage=stage
+        )
+        cells.append(
+            _cell(
+                f"auto s{stage} (V100) | Trainer --fp16 (finalise)",
+                "finalize",
+                stage=stage,
+                ds=str(v100 / "ds_config.json"),
+                precision="fp16",
+                accum=2,
+            )
+        )
+    cells.append(
+        _cell(
+            "auto s3 (H100) | accelerate loop --mixed_precision bf16",
+            "accelerate",
+            stage=3,
+            yaml=str(root / "auto_s3" / "accelerate.yaml"),
+            mixed_precision="bf16",
+            cwd=str(root),
+        )
+    )
+    cells.append(
+        _cell(
+            "auto s3 (H100) | deepspeed.initialize",
+            "deepspeed",
+            expect="fail",
+            ds=str(root / "auto_s3" / "ds_config.json"),
+            optimizer="client",
+            check=("deepspeed", "train_micro_batch_size_per_gpu", "--flavour explicit"),
+        )
+    )
     return cells
 
 
@@ -122,19 +255,42 @@ def matrix(tmp_path_factory):
     model_dir = write_tiny_model_dir(root / "tiny-qwen2")
     from transformers import AutoConfig, AutoModelForCausalLM
     import torch
+
     torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir)).save_pretrained(model_dir)
+    AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir)).save_pretrained(
+        model_dir
+    )
     cells = build_cells(root)
     spec = root / "cells.json"
-    spec.write_text(json.dumps({"model_dir": str(model_dir), "timeout_s": 120, "cells": cells}, indent=1))
+    spec.write_text(
+        json.dumps({"model_dir": str(model_dir), "timeout_s": 120, "cells": cells}, indent=1)
+    )
     results = root / "results.jsonl"
-    env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false",
-               HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1",
-               HF_HOME=str(root / "hf"), WANDB_DISABLED="true")
+    env = dict(
+        os.environ,
+        DS_ACCELERATOR="cpu",
+        OMP_NUM_THREADS="1",
+        TOKENIZERS_PARALLELISM="false",
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        HF_DATASETS_OFFLINE="1",
+        HF_HOME=str(root / "hf"),
+        WANDB_DISABLED="true",
+    )
     # the YAMLs are used from another directory than the repository's (cwd = the tmp root) on
     # purpose: generated YAMLs name their JSON absolutely; the presets need the repo root (cwd cells).
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(WORLD),
-           "--master_port", str(find_free_port()), str(WORKER), str(spec), str(results)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        str(WORLD),
+        "--master_port",
+        str(find_free_port()),
+        str(WORKER),
+        str(spec),
+        str(results),
+    ]
     start = time.perf_counter()
     proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=900)
     wall = time.perf_counter() - start
@@ -153,6 +309,7 @@ def matrix(tmp_path_factory):
 def _ids() -> list[str]:
     # The ids do not depend on the files: build them against a throwaway directory.
     import tempfile
+
     with tempfile.TemporaryDirectory() as tmp:
         return [c["id"] for c in build_cells(Path(tmp))]
 
@@ -165,12 +322,17 @@ def test_cell(matrix, cell_id):
     if cell["expect"] == "ok":
         assert result["ok"], f"{cell_id}: {result.get('error')}"
         assert result["stage"] == cell["stage"]
-        assert result["bf16"] == (cell["precision"] == "bf16" or cell.get("mixed_precision") == "bf16")
+        assert result["bf16"] == (
+            cell["precision"] == "bf16" or cell.get("mixed_precision") == "bf16"
+        )
         assert result["fp16"] == (cell["precision"] == "fp16")
         if cell["client"] == "finalize":
             # the Trainer's fill of the batch triple, then DeepSpeed's own assertion, at world 2
             assert (result["micro"], result["accum"], result["train_batch_size"]) == (
-                cell["micro"], cell["accum"], cell["micro"] * cell["accum"] * WORLD)
+                cell["micro"],
+                cell["accum"],
+                cell["micro"] * cell["accum"] * WORLD,
+            )
         else:
             assert result["global_steps"] == 2, result
         if cell["client"] == "deepspeed" and cell.get("optimizer") == "block":
@@ -179,17 +341,22 @@ def test_cell(matrix, cell_id):
         return
     if cell["expect"] == "ok-on-gpu":
         import torch
+
         if torch.cuda.is_available():
             assert result["ok"] and result["fp16"] and result["global_steps"] == 2, result
         else:
-            assert not result["ok"] and "Type fp16 is not supported on your device" in result["error"], result
+            assert (
+                not result["ok"] and "Type fp16 is not supported on your device" in result["error"]
+            ), result
         return
     # expected to fail for real, and `zerofit check` for that client names it with the fix
     assert not result["ok"], f"{cell_id} was expected to fail but trained"
     client, key, fix = cell["check"]
     texts = {cell["ds"]: Path(cell["ds"]).read_text()}
     problems = check_files(texts, client=client)
-    hits = [p for p in problems if p.path.endswith(":" + key) and (fix in p.fix or fix in p.message)]
+    hits = [
+        p for p in problems if p.path.endswith(":" + key) and (fix in p.fix or fix in p.message)
+    ]
     assert hits, [p.render() for p in problems]
 
 
@@ -198,6 +365,11 @@ def test_shipped_and_generated_files_pass_check_for_their_clients(tmp_path):
     for cell in cells:
         if cell["expect"] != "ok" or not cell.get("ds"):
             continue
-        client = {"deepspeed": "deepspeed", "accelerate": "accelerate"}.get(cell["client"], "trainer")
+        client = {"deepspeed": "deepspeed", "accelerate": "accelerate"}.get(
+            cell["client"], "trainer"
+        )
         problems = check_files({cell["ds"]: Path(cell["ds"]).read_text()}, client=client)
-        assert [p for p in problems if p.severity == "error"] == [], (cell["id"], [p.render() for p in problems])
+        assert [p for p in problems if p.severity == "error"] == [], (
+            cell["id"],
+            [p.render() for p in problems],
+        )

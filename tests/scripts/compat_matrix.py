@@ -15,6 +15,7 @@ accelerate's own launcher functions), ``deepspeed`` (``deepspeed.initialize``), 
 precisions the CPU cannot run). Each cell reports what the engine really used; an exception is the
 cell's result, never the end of the run.
 """
+
 from __future__ import annotations
 
 import gc
@@ -55,18 +56,36 @@ def token_rows(n: int) -> list[dict]:
 
 def training_args(cls, cell: dict, out: str, **extra):
     precision = cell["precision"]
-    return cls(output_dir=out, per_device_train_batch_size=cell["micro"],
-               gradient_accumulation_steps=cell["accum"], max_steps=2, learning_rate=1e-3,
-               bf16=precision == "bf16", fp16=precision == "fp16", deepspeed=cell["ds"],
-               ddp_backend="gloo", report_to=[], save_strategy="no", logging_steps=1,
-               disable_tqdm=True, seed=0, use_cpu=not torch.cuda.is_available(), **extra)
+    return cls(
+        output_dir=out,
+        per_device_train_batch_size=cell["micro"],
+        gradient_accumulation_steps=cell["accum"],
+        max_steps=2,
+        learning_rate=1e-3,
+        bf16=precision == "bf16",
+        fp16=precision == "fp16",
+        deepspeed=cell["ds"],
+        ddp_backend="gloo",
+        report_to=[],
+        save_strategy="no",
+        logging_steps=1,
+        disable_tqdm=True,
+        seed=0,
+        use_cpu=not torch.cuda.is_available(),
+        **extra,
+    )
 
 
 def engine_facts(engine) -> dict:
-    facts = {"stage": engine.zero_optimization_stage(), "global_steps": engine.global_steps,
-             "bf16": bool(engine.bfloat16_enabled()), "fp16": bool(engine.fp16_enabled()),
-             "micro": engine.train_micro_batch_size_per_gpu(),
-             "accum": engine.gradient_accumulation_steps(), "train_batch_size": engine.train_batch_size()}
+    facts = {
+        "stage": engine.zero_optimization_stage(),
+        "global_steps": engine.global_steps,
+        "bf16": bool(engine.bfloat16_enabled()),
+        "fp16": bool(engine.fp16_enabled()),
+        "micro": engine.train_micro_batch_size_per_gpu(),
+        "accum": engine.gradient_accumulation_steps(),
+        "train_batch_size": engine.train_batch_size(),
+    }
     inner = engine.optimizer
     while hasattr(inner, "optimizer"):
         inner = inner.optimizer
@@ -78,7 +97,9 @@ def run_trainer(cell: dict, out: str, model_dir: str) -> dict:
     from transformers import AutoModelForCausalLM, Trainer, TrainingArguments
 
     args = training_args(TrainingArguments, cell, out)
-    model = AutoModelForCausalLM.from_pretrained(model_dir)  # after args: zero.Init applies at ZeRO-3
+    model = AutoModelForCausalLM.from_pretrained(
+        model_dir
+    )  # after args: zero.Init applies at ZeRO-3
     trainer = Trainer(model=model, args=args, train_dataset=token_rows(64))
     result = trainer.train()
     return dict(engine_facts(trainer.model_wrapped), loss=result.training_loss)
@@ -103,14 +124,20 @@ def run_finalize(cell: dict, out: str, model_dir: str) -> dict:
     hf.trainer_config_finalize(args, model, num_training_steps=2)
     with mock.patch("deepspeed.comm.get_world_size", return_value=dist.get_world_size()):
         cfg = DeepSpeedConfig(hf.config)
-    return {"stage": cfg.zero_optimization_stage, "bf16": cfg.bfloat16_config.enabled,
-            "fp16": cfg.float16_config.enabled, "micro": cfg.train_micro_batch_size_per_gpu,
-            "accum": cfg.gradient_accumulation_steps, "train_batch_size": cfg.train_batch_size,
-            "global_steps": 0}
+    return {
+        "stage": cfg.zero_optimization_stage,
+        "bf16": cfg.bfloat16_config.enabled,
+        "fp16": cfg.float16_config.enabled,
+        "micro": cfg.train_micro_batch_size_per_gpu,
+        "accum": cfg.gradient_accumulation_steps,
+        "train_batch_size": cfg.train_batch_size,
+        "global_steps": 0,
+    }
 
 
 def tokenizer(model_dir: str):
     from transformers import AutoTokenizer
+
     return AutoTokenizer.from_pretrained(model_dir)
 
 
@@ -119,8 +146,12 @@ def run_sft(cell: dict, out: str, model_dir: str) -> dict:
     from trl import SFTConfig, SFTTrainer
 
     args = training_args(SFTConfig, cell, out, max_length=SEQ)
-    data = Dataset.from_list([{"text": " ".join(str(i % 100) for i in range(k, k + 12))} for k in range(64)])
-    trainer = SFTTrainer(model=model_dir, args=args, train_dataset=data, processing_class=tokenizer(model_dir))
+    data = Dataset.from_list(
+        [{"text": " ".join(str(i % 100) for i in range(k, k + 12))} for k in range(64)]
+    )
+    trainer = SFTTrainer(
+        model=model_dir, args=args, train_dataset=data, processing_class=tokenizer(model_dir)
+    )
     result = trainer.train()
     return dict(engine_facts(trainer.model_wrapped), loss=result.training_loss)
 
@@ -130,10 +161,16 @@ def run_dpo(cell: dict, out: str, model_dir: str) -> dict:
     from trl import DPOConfig, DPOTrainer
 
     args = training_args(DPOConfig, cell, out, max_length=SEQ)
-    rows = [{"prompt": f"{k} {k + 1} {k + 2}", "chosen": f" {k + 3} {k + 4}", "rejected": f" {k} {k}"}
-            for k in range(64)]
-    trainer = DPOTrainer(model=model_dir, args=args, train_dataset=Dataset.from_list(rows),
-                         processing_class=tokenizer(model_dir))
+    rows = [
+        {"prompt": f"{k} {k + 1} {k + 2}", "chosen": f" {k + 3} {k + 4}", "rejected": f" {k} {k}"}
+        for k in range(64)
+    ]
+    trainer = DPOTrainer(
+        model=model_dir,
+        args=args,
+        train_dataset=Dataset.from_list(rows),
+        processing_class=tokenizer(model_dir),
+    )
     result = trainer.train()
     return dict(engine_facts(trainer.model_wrapped), loss=result.training_loss)
 
@@ -148,8 +185,13 @@ def run_grpo(cell: dict, out: str, model_dir: str) -> dict:
 
     args = training_args(GRPOConfig, cell, out, num_generations=2, max_completion_length=4)
     data = Dataset.from_list([{"prompt": f"{k} {k + 1}"} for k in range(64)])
-    trainer = GRPOTrainer(model=model_dir, reward_funcs=digit_reward, args=args, train_dataset=data,
-                          processing_class=tokenizer(model_dir))
+    trainer = GRPOTrainer(
+        model=model_dir,
+        reward_funcs=digit_reward,
+        args=args,
+        train_dataset=data,
+        processing_class=tokenizer(model_dir),
+    )
     result = trainer.train()
     return dict(engine_facts(trainer.model_wrapped), loss=result.training_loss)
 
@@ -205,8 +247,14 @@ def run_accelerate(cell: dict, out: str, model_dir: str) -> dict:
             optimizer.zero_grad()
     value = accelerator.reduce(loss.detach().float(), reduction="mean").item()
     if plugin is None:
-        return {"stage": 0, "global_steps": 2, "loss": value, "bf16": accelerator.mixed_precision == "bf16",
-                "fp16": accelerator.mixed_precision == "fp16", "optimizer": type(optimizer.optimizer).__name__}
+        return {
+            "stage": 0,
+            "global_steps": 2,
+            "loss": value,
+            "bf16": accelerator.mixed_precision == "bf16",
+            "fp16": accelerator.mixed_precision == "fp16",
+            "optimizer": type(optimizer.optimizer).__name__,
+        }
     return dict(engine_facts(model), loss=value)
 
 
@@ -219,14 +267,21 @@ def run_deepspeed(cell: dict, out: str, model_dir: str) -> dict:
     model = AutoModelForCausalLM.from_pretrained(model_dir)
     optimizer = None
     if cell.get("optimizer") == "client":
-        offload = (config.get("zero_optimization", {}).get("offload_optimizer") or {}).get("device", "none")
+        offload = (config.get("zero_optimization", {}).get("offload_optimizer") or {}).get(
+            "device", "none"
+        )
         if offload != "none":  # what a DeepSpeed user writes with optimizer offload
             from deepspeed.ops.adam import DeepSpeedCPUAdam
+
             optimizer = DeepSpeedCPUAdam(model.parameters(), lr=1e-3)
         else:
             optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=config,
-                                           model_parameters=[p for p in model.parameters()])
+    engine, _, _, _ = deepspeed.initialize(
+        model=model,
+        optimizer=optimizer,
+        config=config,
+        model_parameters=[p for p in model.parameters()],
+    )
     micro, accum = engine.train_micro_batch_size_per_gpu(), engine.gradient_accumulation_steps()
     rows = torch.tensor([r["input_ids"] for r in token_rows(micro * accum * 2)])
     loss = None
@@ -237,8 +292,15 @@ def run_deepspeed(cell: dict, out: str, model_dir: str) -> dict:
     return dict(engine_facts(engine), loss=loss.item())
 
 
-CLIENTS = {"trainer": run_trainer, "finalize": run_finalize, "sft": run_sft, "dpo": run_dpo,
-           "grpo": run_grpo, "accelerate": run_accelerate, "deepspeed": run_deepspeed}
+CLIENTS = {
+    "trainer": run_trainer,
+    "finalize": run_finalize,
+    "sft": run_sft,
+    "dpo": run_dpo,
+    "grpo": run_grpo,
+    "accelerate": run_accelerate,
+    "deepspeed": run_deepspeed,
+}
 
 
 def main() -> None:
@@ -249,6 +311,7 @@ def main() -> None:
     # timeout turns a rank left waiting by its failed peer into an error instead of a hang.
     dist.init_process_group("gloo", timeout=timedelta(seconds=spec.get("timeout_s", 120)))
     import deepspeed
+
     deepspeed.init_distributed("gloo")
     rank = dist.get_rank()
     results = open(results_path, "w") if rank == 0 else None
@@ -265,8 +328,16 @@ def main() -> None:
                 raise RuntimeError(f"loss {loss} is not finite")
             record = {"id": cell["id"], "ok": True, **facts}
         except Exception as exc:  # noqa: BLE001 - the failure is the cell's result
-            lines = [l for l in traceback.format_exception_only(type(exc), exc)[-1].splitlines() if l.strip()]
-            record = {"id": cell["id"], "ok": False, "error": (lines[0] if lines else repr(exc))[:500]}
+            lines = [
+                l
+                for l in traceback.format_exception_only(type(exc), exc)[-1].splitlines()
+                if l.strip()
+            ]
+            record = {
+                "id": cell["id"],
+                "ok": False,
+                "error": (lines[0] if lines else repr(exc))[:500],
+            }
         finally:
             os.chdir(here)
         record["secs"] = round(time.perf_counter() - start, 2)
@@ -275,8 +346,11 @@ def main() -> None:
         if results:
             results.write(json.dumps(record, default=str) + "\n")
             results.flush()
-            print(f"[matrix] {record['id']}: {'ok' if record['ok'] else 'FAILED ' + record['error']} "
-                  f"({record['secs']} s)", flush=True)
+            print(
+                f"[matrix] {record['id']}: {'ok' if record['ok'] else 'FAILED ' + record['error']} "
+                f"({record['secs']} s)",
+                flush=True,
+            )
     if results:
         results.close()
     dist.barrier()

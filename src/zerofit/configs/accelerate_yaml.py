@@ -11,7 +11,8 @@ Facts this follows (accelerate 1.15, read from its source and tried):
   therefore writes an absolute path; the shipped presets (relative to the repository root) say so.
 * ``accelerate launch`` without ``--config_file`` reads ``default_config.yaml`` in
   ``$HF_HOME/accelerate`` (``HF_HOME`` defaults to ``$XDG_CACHE_HOME/huggingface``, then
-  ``~/.cache/huggingface``): accelerate ``commands/config/config_args.py`` (``default_config_file``).
+  ``~/.cache/huggingface``): accelerate ``commands/config/config_args.py``
+  (``default_config_file``).
 * accelerate's default multi-node DeepSpeed launcher is pdsh (needs ssh + a hostfile); the
   ``standard`` launcher is torchrun on every node, started by you or your scheduler.
 """
@@ -25,7 +26,7 @@ DEFAULT_CONFIG_NAME = "default_config.yaml"
 
 
 def default_config_path(environ: Mapping[str, str]) -> str:
-    """Where ``accelerate launch`` looks when no ``--config_file`` is given (same rule as accelerate).
+    """Where ``accelerate launch`` looks without ``--config_file`` (the same rule as accelerate).
 
     accelerate ``commands/config/config_args.py``: ``HF_HOME`` or ``$XDG_CACHE_HOME/huggingface``
     (``~/.cache/huggingface``), then ``accelerate/default_config.yaml``.
@@ -90,8 +91,8 @@ def render_accelerate_config(plan, machine_rank: int = 0, ds_config_file: str = 
         header.append(f"# DeepSpeed settings (ZeRO-{plan.stage}, precision, batch sizes) live in "
                       f"{ds_config_file}{where}.")
         if plan.answers.flavour == "auto" and plan.precision in ("bf16", "fp16"):
-            header.append(f'# Its precision is "auto": pass --{plan.precision} to the HF Trainer / TRL, or '
-                          f"--mixed_precision {plan.precision} to accelerate launch (else fp32).")
+            header.append(f'# Its precision is "auto": pass --{plan.precision} to the HF Trainer / '
+                          f"TRL, or --mixed_precision {plan.precision} to accelerate launch (else fp32).")
     if nodes > 1:
         header.append(f"# This file is for machine_rank {machine_rank}; run the same command on every node "
                       "with that node's file.")

@@ -17,6 +17,7 @@ alias, deprecated and removed form is judged exactly as the run will judge it:
 Every function returns ``list[Problem]`` and never raises: a library failure is the user's file.
 Imported only by ``check`` at run time, so ``zerofit --help`` never pays for deepspeed.
 """
+
 from __future__ import annotations
 
 import difflib
@@ -24,7 +25,7 @@ import logging
 from contextlib import contextmanager
 from typing import Any
 
-from zerofit.configs.check import Problem
+from zerofit.configs.check_problem import Problem
 from zerofit.configs.check_tables import DS_TOP
 
 
@@ -50,8 +51,7 @@ def deepspeed_version() -> str | None:
             for handler in logging.getLogger("DeepSpeed").handlers:
                 if isinstance(handler, logging.StreamHandler) and handler.stream is buffer:
                     handler.setStream(sys.stdout)
-    import deepspeed
-    return getattr(deepspeed, "__version__", "?")
+    return getattr(sys.modules["deepspeed"], "__version__", "?")
 
 
 def accelerate_version() -> str | None:
@@ -84,7 +84,11 @@ def _first_line(exc: BaseException) -> str:
 
 def _near(key: str, known) -> str:
     near = difflib.get_close_matches(str(key), list(known), n=1, cutoff=0.6)
-    return f"did you mean {near[0]!r}?" if near else "remove it (see the DeepSpeed / accelerate config docs)"
+    return (
+        f"did you mean {near[0]!r}?"
+        if near
+        else "remove it (see the DeepSpeed / accelerate config docs)"
+    )
 
 
 # --------------------------------------------------------------------------- DeepSpeed JSON
@@ -113,22 +117,38 @@ def _validate_model(model, data: dict, prefix: str, name: str) -> list[Problem]:
                 parent = model
                 for part in loc[:-1]:  # nested offload blocks: find the sub-model for suggestions
                     field = parent.model_fields.get(part) or next(
-                        (f for f in parent.model_fields.values() if f.alias == part), None)
+                        (f for f in parent.model_fields.values() if f.alias == part), None
+                    )
                     ann = getattr(field, "annotation", None)
-                    sub = next((a for a in getattr(ann, "__args__", (ann,)) if hasattr(a, "model_fields")), None)
+                    sub = next(
+                        (a for a in getattr(ann, "__args__", (ann,)) if hasattr(a, "model_fields")),
+                        None,
+                    )
                     parent = sub or parent
                 fix = _near(loc[-1], _model_keys(parent))
                 if len(loc) == 1 and prefix == "zero_optimization." and loc[0] in DS_TOP:
                     fix = f"move {loc[0]!r} to the top level of the file (DeepSpeed reads it there)"
-                problems.append(Problem(path, "is not a key DeepSpeed knows (DeepSpeed refuses the file)", fix))
+                problems.append(
+                    Problem(path, "is not a key DeepSpeed knows (DeepSpeed refuses the file)", fix)
+                )
             else:
                 got = err.get("input")
-                problems.append(Problem(path, f"{got!r}: {err.get('msg', 'invalid')} (DeepSpeed's check)",
-                                        "write a value DeepSpeed accepts (see its config docs)"))
+                problems.append(
+                    Problem(
+                        path,
+                        f"{got!r}: {err.get('msg', 'invalid')} (DeepSpeed's check)",
+                        "write a value DeepSpeed accepts (see its config docs)",
+                    )
+                )
         return problems
     except Exception as exc:  # noqa: BLE001 - validators may raise plain errors
-        return [Problem(f"{name}:{prefix.rstrip('.')}", f"DeepSpeed rejects it: {_first_line(exc)}",
-                        "fix the value named in the message")]
+        return [
+            Problem(
+                f"{name}:{prefix.rstrip('.')}",
+                f"DeepSpeed rejects it: {_first_line(exc)}",
+                "fix the value named in the message",
+            )
+        ]
     return []
 
 
@@ -144,14 +164,21 @@ def _deprecations(model, data: dict, prefix: str, name: str) -> list[Problem]:
         extra = getattr(by_key.get(key), "json_schema_extra", None) or {}
         if isinstance(extra, dict) and extra.get("deprecated"):
             new = extra.get("new_param")
-            problems.append(Problem(f"{name}:{prefix}{key}", "is deprecated (DeepSpeed still reads it, with a warning)",
-                                    f"use {new!r} instead" if new else "remove it", "warning"))
+            problems.append(
+                Problem(
+                    f"{name}:{prefix}{key}",
+                    "is deprecated (DeepSpeed still reads it, with a warning)",
+                    f"use {new!r} instead" if new else "remove it",
+                    "warning",
+                )
+            )
     return problems
 
 
 def removed_top_level_keys() -> set[str]:
     """Top-level blocks the installed DeepSpeed refuses as removed features."""
     from deepspeed.runtime import config as ds_config
+
     return set(getattr(ds_config, "_REMOVED_TOP_LEVEL_CONFIG_KEYS", {}))
 
 
@@ -167,21 +194,35 @@ def check_deepspeed_sections(cfg: dict, name: str) -> list[Problem]:
     version = deepspeed_version()
     for key, message in removed_top.items():
         if key in cfg:
-            problems.append(Problem(f"{name}:{key}", f"was removed from DeepSpeed ({version} refuses the file): "
-                                    + message.split(" See ")[0].strip(), "remove it"))
+            problems.append(
+                Problem(
+                    f"{name}:{key}",
+                    f"was removed from DeepSpeed ({version} refuses the file): "
+                    + message.split(" See ")[0].strip(),
+                    "remove it",
+                )
+            )
     zero = cfg.get("zero_optimization")
     if isinstance(zero, dict):
         for key, message in removed_zero.items():
             if key in zero:
-                problems.append(Problem(f"{name}:zero_optimization.{key}",
-                                        f"was removed from DeepSpeed ({version} refuses the file): "
-                                        + message.split(" See ")[0].strip(), "remove it"))
+                problems.append(
+                    Problem(
+                        f"{name}:zero_optimization.{key}",
+                        f"was removed from DeepSpeed ({version} refuses the file): "
+                        + message.split(" See ")[0].strip(),
+                        "remove it",
+                    )
+                )
         clean = {k: v for k, v in zero.items() if k not in removed_zero}
         problems += _validate_model(DeepSpeedZeroConfig, clean, "zero_optimization.", name)
         problems += _deprecations(DeepSpeedZeroConfig, clean, "zero_optimization.", name)
     # "zero_optimization": true is DeepSpeed's legacy form (read_zero_config_deprecated): valid.
-    for key, model in (("bf16", DeepSpeedBF16Config), ("bfloat16", DeepSpeedBF16Config),
-                       ("fp16", DeepSpeedFP16Config)):
+    for key, model in (
+        ("bf16", DeepSpeedBF16Config),
+        ("bfloat16", DeepSpeedBF16Config),
+        ("fp16", DeepSpeedFP16Config),
+    ):
         block = cfg.get(key)
         if isinstance(block, dict):
             problems += _validate_model(model, block, key + ".", name)
@@ -198,11 +239,20 @@ def check_deepspeed_whole(cfg: dict, name: str, world: int) -> list[Problem]:
     from deepspeed.runtime.config import DeepSpeedConfig
 
     try:
-        with _quiet(), mock.patch("deepspeed.comm.get_rank", return_value=0), \
-                mock.patch("deepspeed.comm.get_world_size", return_value=world):
+        with (
+            _quiet(),
+            mock.patch("deepspeed.comm.get_rank", return_value=0),
+            mock.patch("deepspeed.comm.get_world_size", return_value=world),
+        ):
             DeepSpeedConfig(cfg)
     except Exception as exc:  # noqa: BLE001 - DeepSpeed raises asserts, ValueError, its own errors
-        return [Problem(name, f"DeepSpeed rejects it: {_first_line(exc)}", "fix the value named in the message")]
+        return [
+            Problem(
+                name,
+                f"DeepSpeed rejects it: {_first_line(exc)}",
+                "fix the value named in the message",
+            )
+        ]
     return []
 
 
@@ -223,14 +273,23 @@ def launch_flags() -> set[str]:
 
 # Nested sections whose keys become launch arguments, and the prefix accelerate adds
 # (commands/launch.py `_validate_launch_command`: fsdp_/fp8_/dynamo_ prefixes).
-_NESTED = {"deepspeed_config": "", "fsdp_config": "fsdp_", "fp8_config": "fp8_", "dynamo_config": "dynamo_",
-           "megatron_lm_config": "", "mpirun_config": ""}
+_NESTED = {
+    "deepspeed_config": "",
+    "fsdp_config": "fsdp_",
+    "fp8_config": "fp8_",
+    "dynamo_config": "dynamo_",
+    "megatron_lm_config": "",
+    "mpirun_config": "",
+}
 # YAML deepspeed_config key -> the zero_optimization path DeepSpeedPlugin writes it to
 # (accelerate utils/dataclasses.py DeepSpeedPlugin.__post_init__ `plugin_to_config_mapping`).
-_PLUGIN_TO_ZERO = {"zero_stage": ("stage",), "offload_optimizer_device": ("offload_optimizer", "device"),
-                   "offload_param_device": ("offload_param", "device"),
-                   "offload_optimizer_nvme_path": ("offload_optimizer", "nvme_path"),
-                   "offload_param_nvme_path": ("offload_param", "nvme_path")}
+_PLUGIN_TO_ZERO = {
+    "zero_stage": ("stage",),
+    "offload_optimizer_device": ("offload_optimizer", "device"),
+    "offload_param_device": ("offload_param", "device"),
+    "offload_optimizer_nvme_path": ("offload_optimizer", "nvme_path"),
+    "offload_param_nvme_path": ("offload_param", "nvme_path"),
+}
 _BOOL_KEYS = ("zero3_init_flag", "zero3_save_16bit_model")
 
 
@@ -240,8 +299,13 @@ def check_accelerate_loader(cfg: dict, name: str) -> list[Problem]:
     top = accelerate_top_keys()
     for key in cfg:
         if not isinstance(key, str) or key not in top:
-            problems.append(Problem(f"{name}:{key}", "is not a key accelerate knows (its loader refuses the file)",
-                                    _near(str(key), top)))
+            problems.append(
+                Problem(
+                    f"{name}:{key}",
+                    "is not a key accelerate knows (its loader refuses the file)",
+                    _near(str(key), top),
+                )
+            )
     flags = launch_flags()
     for section, prefix in _NESTED.items():
         block = cfg.get(section)
@@ -251,9 +315,13 @@ def check_accelerate_loader(cfg: dict, name: str) -> list[Problem]:
             flag = str(key) if str(key).startswith(prefix) else prefix + str(key)
             if flag not in flags:
                 known = sorted(f for f in flags if f.startswith(prefix or section.split("_")[0]))
-                problems.append(Problem(f"{name}:{section}.{key}",
-                                        "is not an accelerate launch setting (accelerate ignores it silently)",
-                                        _near(flag, known or flags)))
+                problems.append(
+                    Problem(
+                        f"{name}:{section}.{key}",
+                        "is not an accelerate launch setting (accelerate ignores it silently)",
+                        _near(flag, known or flags),
+                    )
+                )
     if not problems:
         problems += _load(cfg, name)
     ds = cfg.get("deepspeed_config")
@@ -271,9 +339,16 @@ def _load(cfg: dict, name: str) -> list[Problem]:
     try:
         with _quiet():
             ClusterConfig(**ClusterConfig.process_config(data))
-    except Exception as exc:  # noqa: BLE001 - enum conversions raise ValueError, bad kwargs TypeError
-        return [Problem(name, f"accelerate's loader refuses it: {_first_line(exc)}",
-                        "fix the value named in the message (compare with `accelerate config`)")]
+    except (
+        Exception
+    ) as exc:  # noqa: BLE001 - enum conversions raise ValueError, bad kwargs TypeError
+        return [
+            Problem(
+                name,
+                f"accelerate's loader refuses it: {_first_line(exc)}",
+                "fix the value named in the message (compare with `accelerate config`)",
+            )
+        ]
     return []
 
 
@@ -289,8 +364,13 @@ def _check_plugin_values(ds: dict, name: str) -> list[Problem]:
         try:
             str_to_bool(str(value))
         except ValueError:
-            problems.append(Problem(f"{name}:deepspeed_config.{key}", f"{value!r} is not true/false "
-                                    "(accelerate's str_to_bool raises at start-up)", f"set {key}: true or false"))
+            problems.append(
+                Problem(
+                    f"{name}:deepspeed_config.{key}",
+                    f"{value!r} is not true/false " "(accelerate's str_to_bool raises at start-up)",
+                    f"set {key}: true or false",
+                )
+            )
     if ds.get("deepspeed_config_file"):
         return problems  # the JSON holds the ZeRO settings; check reads it separately
     zero: dict[str, Any] = {}

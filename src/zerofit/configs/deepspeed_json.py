@@ -15,8 +15,8 @@ Two flavours (``plan.answers.flavour``):
     ``gradient_clipping``: ``fill_match`` from ``per_device_train_batch_size``,
     ``gradient_accumulation_steps``, ``max_grad_norm`` (Trainer); from the prepared DataLoader, the
     Accelerator's accumulation and 1.0 (accelerate).
-  - ``fp16.enabled`` / ``bf16.enabled``: ``fill_match`` from ``args.fp16`` / ``args.bf16`` (Trainer);
-    from ``--mixed_precision`` (accelerate ``set_mixed_precision``). Both blocks are written, as in
+  - ``fp16.enabled`` / ``bf16.enabled``: ``fill_match`` from ``args.fp16`` / ``args.bf16``
+    (Trainer); from ``--mixed_precision`` (accelerate ``set_mixed_precision``). Both blocks are written, as in
     the HF docs' templates, fp16 with its dynamic loss-scaling knobs, so either flag works.
   - ``optimizer.params.{lr,betas,eps,weight_decay}`` (only with ``--optimizer-block``):
     ``fill_match`` from ``learning_rate``, ``adam_beta1/2``, ``adam_epsilon``, ``weight_decay``.
@@ -38,7 +38,8 @@ block for scripts that call ``deepspeed.initialize`` without an optimizer: expli
 optimizer offload it sets ``"torch_adam": true``: DeepSpeed then builds ``torch.optim.AdamW``
 (``DeepSpeedEngine.get_optimizer_configuration``) instead of JIT-compiling ``fused_adam``, which
 needs a CUDA toolchain at run time. With optimizer offload it is left out, so DeepSpeed uses its
-``DeepSpeedCPUAdam`` (a torch optimizer there raises unless ``zero_force_ds_cpu_optimizer`` is false).
+``DeepSpeedCPUAdam`` (a torch optimizer there raises unless ``zero_force_ds_cpu_optimizer`` is
+false).
 
 Optimizer offload: accelerate 1.15 (``Accelerator._prepare_deepspeed``) swaps a client
 ``torch.optim.AdamW`` for DeepSpeed's ``DeepSpeedCPUAdam`` (same lr / weight decay, AdamW mode)
@@ -65,8 +66,8 @@ AUTO_BUCKETS = {
 
 # DeepSpeed's fp16 dynamic loss scaling (its documented defaults, written out so users see them;
 # the HF docs' zero2/zero3 templates write the same block with "enabled": "auto").
-FP16_BLOCK = {"enabled": True, "loss_scale": 0, "loss_scale_window": 1000, "initial_scale_power": 16,
-              "hysteresis": 2, "min_loss_scale": 1}
+FP16_BLOCK = {"enabled": True, "loss_scale": 0, "loss_scale_window": 1000,
+              "initial_scale_power": 16, "hysteresis": 2, "min_loss_scale": 1}
 # torch.optim.AdamW's own defaults (torch/optim/adamw.py), for the explicit optimizer block.
 ADAMW_DEFAULTS = {"lr": 1e-3, "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0.01}
 
@@ -88,7 +89,7 @@ def build_zero_config(plan) -> dict[str, Any]:
                   gradient_accumulation_steps=plan.grad_accum,
                   gradient_clipping=1.0)
     if auto:
-        # Both blocks, "auto": the Trainer's --bf16/--fp16 (or accelerate's --mixed_precision) decide.
+        # Both blocks "auto": the Trainer's --bf16/--fp16 or accelerate's --mixed_precision decide.
         ds["fp16"] = dict(FP16_BLOCK, enabled="auto")
         ds["bf16"] = {"enabled": "auto"}
     elif plan.precision == "bf16":
@@ -152,10 +153,12 @@ def _comment(plan, auto: bool) -> str:
     if plan.stage == 3 and plan.offload_param != "none":
         parts.append(f"parameter offload to {plan.offload_param}")
     if plan.answers.optimizer_block:
-        parts.append("AdamW optimizer block" + ("" if auto else " (torch defaults: set lr to yours)"))
+        parts.append("AdamW optimizer block"
+                     + ("" if auto else " (torch defaults: set lr to yours)"))
     if auto:
         flag = {"bf16": "--bf16", "fp16": "--fp16"}.get(plan.precision)
-        parts.append('"auto" values are filled by HF Trainer / TRL / accelerate from the training arguments'
+        parts.append('"auto" values are filled by HF Trainer / TRL / accelerate from the '
+                     "training arguments"
                      + (f"; pass {flag} (accelerate launch: --mixed_precision {plan.precision}), "
                         "the precision this plan was sized for" if flag else ""))
     else:

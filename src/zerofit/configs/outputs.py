@@ -44,11 +44,12 @@ def build_files(answers: Answers, ds_config_file: str = DS_CONFIG_FILE):
 
 
 def refuse_unrunnable(plan) -> None:
-    """Raise ZerofitError when the plan's files could not run on its GPU (what `check --gpu` rejects).
+    """Raise ZerofitError when the plan's files cannot run on its GPU (what `check --gpu` rejects).
 
     bf16 on a GPU without bf16 (V100, T4): DeepSpeed's bf16 engine needs native bf16 kernels, and
     `zerofit check --gpu` reports the same file as an error, so never write it.
     """
     if plan.precision == "bf16" and not plan.gpu.bf16:
         raise ZerofitError("precision", f"bf16 is not supported by {plan.gpu.name}",
-                           "use --precision fp16 (or leave --precision unset: fp16 with loss scaling)")
+                           "use --precision fp16 (or leave --precision unset: fp16 with loss "
+                           "scaling)")

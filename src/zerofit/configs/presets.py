@@ -79,16 +79,16 @@ batch size, run `zerofit config` instead.
 {yrows}
 
 ```bash
-accelerate launch --config_file deepspeed_configs/accelerate/zero2.yaml train.py --bf16   # HF Trainer, 8 GPUs
+accelerate launch --config_file deepspeed_configs/accelerate/zero2.yaml train.py --bf16  # Trainer
 accelerate launch --config_file deepspeed_configs/accelerate/zero2.yaml --num_processes 4 \\
     --mixed_precision bf16 my_accelerate_loop.py
 ```
 
 What every preset does, and why:
 
-- **Precision is "auto"** (`"fp16": {{"enabled": "auto", ...loss scaling}}`, `"bf16": {{"enabled": "auto"}}`,
-  as in the HF docs' templates): HF Trainer / TRL take it from `--bf16` / `--fp16`, `accelerate launch`
-  from `--mixed_precision bf16`. Pass one: without it the run is fp32 (twice the activation memory).
+- **Precision is "auto"** (`"fp16": {{"enabled": "auto", ...loss scaling}}`,
+  `"bf16": {{"enabled": "auto"}}`, as in the HF docs' templates): HF Trainer / TRL take it from
+  `--bf16` / `--fp16`, `accelerate launch` from `--mixed_precision bf16`. Pass one: without it the run is fp32 (twice the activation memory).
   GPUs without bf16 (V100, T4): pass `--fp16`.
 - **"auto" batch sizes, accumulation, clipping, stage-3 buckets**: HF Trainer / TRL fill them from
   their arguments; `accelerate launch` fills them when the script passes its DataLoader to

@@ -19,8 +19,9 @@ def register(sub) -> None:
     p.add_argument("--out", required=True, metavar="DIR", help="directory to write into (created if missing)")
     p.add_argument("--force", action="store_true", help="overwrite existing files")
     p.add_argument("--save-default", action="store_true",
-                   help="also write accelerate.yaml where `accelerate launch` looks without --config_file "
-                        "($HF_HOME/accelerate/default_config.yaml, as `accelerate config` does)")
+                   help="also write accelerate.yaml where `accelerate launch` looks without "
+                        "--config_file ($HF_HOME/accelerate/default_config.yaml, as `accelerate "
+                        "config` does)")
     p.add_argument("--defaults", action="store_true", help="accept the defaults for everything not given")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=run)
@@ -48,7 +49,8 @@ def run(args) -> int:
 
     answers = answers_from_args(args)
     # Absolute: accelerate opens deepspeed_config_file relative to each worker's working directory.
-    plan, files = build_files(answers, ds_config_file=str(Path(args.out).resolve() / "ds_config.json"))
+    ds_path = Path(args.out).resolve() / "ds_config.json"
+    plan, files = build_files(answers, ds_config_file=str(ds_path))
     default = None
     if args.save_default:  # checked before anything is written: all files or none
         default = check_default_target(args.force)
@@ -81,7 +83,7 @@ def check_default_target(force: bool) -> Path:
 
 
 def save_default(text: str, target: Path, force: bool) -> list[Path]:
-    """Write accelerate.yaml text as accelerate's default config (``accelerate launch script.py``)."""
+    """Write accelerate.yaml text as accelerate's default config (for ``accelerate launch x.py``)."""
     from zerofit.files import write_files
 
     return write_files(target.parent, {target.name: text}, force=force)

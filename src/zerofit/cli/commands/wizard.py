@@ -29,7 +29,8 @@ def register(sub) -> None:
     p.add_argument("--force", action="store_true", help="overwrite existing files in --out")
     p.add_argument("--save-default", action="store_true",
                    help="also write accelerate.yaml as accelerate's default config "
-                        "($HF_HOME/accelerate/default_config.yaml), so `accelerate launch script.py` uses it")
+                        "($HF_HOME/accelerate/default_config.yaml), so `accelerate launch "
+                        "script.py` uses it")
     p.add_argument("--defaults", action="store_true",
                    help="accept every default without prompting (with --answers: use the file as is)")
     p.set_defaults(func=run)
@@ -109,7 +110,8 @@ def run(args) -> int:
                   save_default=getattr(args, "save_default", False))
 
 
-def finish(answers, out: Path, force: bool, console, show: bool = False, save_default: bool = False) -> int:
+def finish(answers, out: Path, force: bool, console, show: bool = False,
+           save_default: bool = False) -> int:
     """Build and write the files exactly as `zerofit config --out OUT` does, then print the launch commands."""
     from zerofit.files import write_files
     from zerofit.configs.outputs import build_files
