@@ -4,8 +4,8 @@ optimises the clipped policy-ratio objective (+ KL to a frozen reference with `-
 random-init model learns a built-in toy task ("3+4=" -> "7") offline, on CPU, in a couple of minutes.
 
     python recipes/grpo.py                                    # one process / one GPU, embedded toy task
-    accelerate launch --config_file deepspeed_configs/accelerate/zero2.yaml recipes/grpo.py \\
-        --config recipes/grpo.yaml                            # all GPUs of one node, ZeRO-2
+    accelerate launch --config_file deepspeed_configs/accelerate/zero2.yaml --mixed_precision bf16 \\
+        recipes/grpo.py --config recipes/grpo.yaml            # all GPUs of one node, ZeRO-2
     accelerate launch --config_file accelerate.yaml --machine_rank $NODE_RANK \\
         --main_process_ip $MASTER_IP --num_machines 2 --num_processes 16 recipes/grpo.py --config recipes/grpo.yaml
     python recipes/grpo.py --resume-from latest               # continue the last checkpoint of --output-dir

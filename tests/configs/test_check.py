@@ -1,7 +1,8 @@
 """check: every problem at once with path + fix; key tables equal the installed DeepSpeed/accelerate; fuzz.
 
-    .venv/bin/python -m pytest tests/configs/test_check.py -q
+.venv/bin/python -m pytest tests/configs/test_check.py -q
 """
+
 from __future__ import annotations
 
 import io
@@ -20,10 +21,21 @@ from zerofit.configs import check_tables as T
 from zerofit.configs.check import check_accelerate, check_deepspeed, check_files
 from zerofit.cli.main import main
 
-GOOD_DS = {"train_batch_size": 16, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
-           "bf16": {"enabled": True}, "zero_optimization": {"stage": 2, "overlap_comm": True}}
-GOOD_YAML = {"compute_environment": "LOCAL_MACHINE", "distributed_type": "DEEPSPEED", "num_machines": 1,
-             "num_processes": 8, "machine_rank": 0, "deepspeed_config": {"deepspeed_config_file": "ds.json"}}
+GOOD_DS = {
+    "train_batch_size": 16,
+    "train_micro_batch_size_per_gpu": 2,
+    "gradient_accumulation_steps": 1,
+    "bf16": {"enabled": True},
+    "zero_optimization": {"stage": 2, "overlap_comm": True},
+}
+GOOD_YAML = {
+    "compute_environment": "LOCAL_MACHINE",
+    "distributed_type": "DEEPSPEED",
+    "num_machines": 1,
+    "num_processes": 8,
+    "machine_rank": 0,
+    "deepspeed_config": {"deepspeed_config_file": "ds.json"},
+}
 
 
 def paths(problems):
@@ -34,22 +46,32 @@ def paths(problems):
 def _tag(annotation) -> str:
     import enum
     import pathlib
+
     args = [a for a in typing.get_args(annotation) if a is not type(None)]
     ann = args[0] if args else annotation
     if isinstance(ann, type) and issubclass(ann, enum.Enum):
         return "stage" if issubclass(ann, int) else "device"
-    return {bool: "bool", int: "int", float: "float", str: "str", pathlib.Path: "path"}.get(ann, "dict")
+    return {bool: "bool", int: "int", float: "float", str: "str", pathlib.Path: "path"}.get(
+        ann, "dict"
+    )
 
 
-@pytest.mark.parametrize("table,model", [
-    (T.ZERO, "deepspeed.runtime.zero.config:DeepSpeedZeroConfig"),
-    (T.OFFLOAD_PARAM, "deepspeed.runtime.zero.offload_config:DeepSpeedZeroOffloadParamConfig"),
-    (T.OFFLOAD_OPTIMIZER, "deepspeed.runtime.zero.offload_config:DeepSpeedZeroOffloadOptimizerConfig"),
-    (T.BF16, "deepspeed.runtime.precision_config:DeepSpeedBF16Config"),
-    (T.FP16, "deepspeed.runtime.precision_config:DeepSpeedFP16Config"),
-])
+@pytest.mark.parametrize(
+    "table,model",
+    [
+        (T.ZERO, "deepspeed.runtime.zero.config:DeepSpeedZeroConfig"),
+        (T.OFFLOAD_PARAM, "deepspeed.runtime.zero.offload_config:DeepSpeedZeroOffloadParamConfig"),
+        (
+            T.OFFLOAD_OPTIMIZER,
+            "deepspeed.runtime.zero.offload_config:DeepSpeedZeroOffloadOptimizerConfig",
+        ),
+        (T.BF16, "deepspeed.runtime.precision_config:DeepSpeedBF16Config"),
+        (T.FP16, "deepspeed.runtime.precision_config:DeepSpeedFP16Config"),
+    ],
+)
 def test_deepspeed_tables_equal_pydantic_models(table, model):
     import importlib
+
     mod, cls = model.split(":")
     fields = getattr(importlib.import_module(mod), cls).model_fields
     expected = {}
@@ -61,6 +83,7 @@ def test_deepspeed_tables_equal_pydantic_models(table, model):
 
 def test_top_level_keys_are_read_by_deepspeed():
     import deepspeed
+
     root = Path(deepspeed.__file__).parent
     source = "\n".join(p.read_text(errors="ignore") for p in root.rglob("*.py"))
     missing = [k for k in T.DS_TOP if f'"{k}"' not in source and f"'{k}'" not in source]
@@ -71,10 +94,14 @@ def test_accelerate_tables_equal_cluster_config_and_launch_flags():
     from accelerate.commands.config.config_args import ClusterConfig
     from accelerate.commands.launch import launch_command_parser
     from accelerate.utils import DistributedType
+
     assert set(T.ACCELERATE_KEYS) == set(ClusterConfig.__dataclass_fields__)
     flags = {o[2:] for a in launch_command_parser()._actions for o in a.option_strings}
     assert set(T.ACCELERATE_DS_KEYS) <= flags and set(T.DS_FILE_CONFLICTS) <= flags
     assert set(T.DISTRIBUTED_TYPES) == {d.value for d in DistributedType}
+    from accelerate.utils.constants import DEEPSPEED_MULTINODE_LAUNCHERS
+
+    assert list(T.DS_MULTINODE_LAUNCHERS) == DEEPSPEED_MULTINODE_LAUNCHERS
 
 
 # ---------------------------------------------------------------- behaviour
@@ -84,14 +111,33 @@ def test_clean_pair_has_no_problems():
 
 
 def test_reports_every_problem_at_once_with_fixes():
-    ds = {"train_batch_size": 10, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
-          "gradient_clipping": "1.0", "bf16": {"enabled": True},
-          "zero_optimization": {"stage": 2, "overlap_com": True, "offload_param": {"device": "cpu"},
-                                "offload_optimizer": {"device": "nvme"}}}
-    acc = dict(GOOD_YAML, num_processes=6, num_machines=4, mixed_precision="bf16", main_process_ip="10.0.0.1",
-               main_process_port=29500, num_procs=2)
-    problems = check_files({"ds.json": json.dumps(ds), "acc.yaml": yaml.safe_dump(acc)}, gpu_bf16=False,
-                           exists=lambda p: False)
+    ds = {
+        "train_batch_size": 10,
+        "train_micro_batch_size_per_gpu": 2,
+        "gradient_accumulation_steps": 1,
+        "gradient_clipping": "1.0",
+        "bf16": {"enabled": True},
+        "zero_optimization": {
+            "stage": 2,
+            "overlap_com": True,
+            "offload_param": {"device": "cpu"},
+            "offload_optimizer": {"device": "nvme"},
+        },
+    }
+    acc = dict(
+        GOOD_YAML,
+        num_processes=6,
+        num_machines=4,
+        mixed_precision="bf16",
+        main_process_ip="10.0.0.1",
+        main_process_port=29500,
+        num_procs=2,
+    )
+    problems = check_files(
+        {"ds.json": json.dumps(ds), "acc.yaml": yaml.safe_dump(acc)},
+        gpu_bf16=False,
+        exists=lambda p: False,
+    )
     by_path = {p.path: p for p in problems}
     assert by_path["ds.json:zero_optimization.overlap_com"].fix == "did you mean 'overlap_comm'?"
     assert "needs ZeRO stage 3" in by_path["ds.json:zero_optimization.offload_param"].message
@@ -118,18 +164,36 @@ def test_batch_arithmetic_uses_world_from_yaml():
 def test_auto_warns_unless_trainer_and_errors_where_nobody_fills_it():
     ds = dict(GOOD_DS, train_batch_size="auto", zero_optimization={"stage": "auto"})
     warn = check_deepspeed(ds)
-    assert {p.path: p.severity for p in warn} == {"ds_config.json:train_batch_size": "warning",
-                                                  "ds_config.json:zero_optimization.stage": "error"}
-    assert paths(check_deepspeed(ds, trainer=True)) == ["ds_config.json:zero_optimization.stage"]
+    assert {p.path: p.severity for p in warn} == {
+        "ds_config.json:train_batch_size": "warning",
+        "ds_config.json:zero_optimization.stage": "error",
+    }
+    errors = [p for p in check_deepspeed(ds, trainer=True) if p.severity == "error"]
+    assert (
+        paths(errors) == ["ds_config.json:zero_optimization.stage"]
+        and "stage 0" in errors[0].message
+    )
 
 
 def test_zero3_init_flag_with_stage2_and_single_gpu_per_node_warning():
-    acc = dict(GOOD_YAML, deepspeed_config={"deepspeed_config_file": "ds.json", "zero3_init_flag": True})
+    acc = dict(
+        GOOD_YAML, deepspeed_config={"deepspeed_config_file": "ds.json", "zero3_init_flag": True}
+    )
     problems = check_files({"ds.json": json.dumps(GOOD_DS), "acc.yaml": yaml.safe_dump(acc)})
     assert [p.severity for p in problems] == ["warning"] and "zero3_init_flag" in problems[0].path
-    multi = check_accelerate(dict(GOOD_YAML, num_machines=2, num_processes=2, main_process_ip="h", main_process_port=1,
-                                  deepspeed_config={"deepspeed_config_file": "d.json",
-                                                    "deepspeed_multinode_launcher": "standard"}))
+    multi = check_accelerate(
+        dict(
+            GOOD_YAML,
+            num_machines=2,
+            num_processes=2,
+            main_process_ip="h",
+            main_process_port=1,
+            deepspeed_config={
+                "deepspeed_config_file": "d.json",
+                "deepspeed_multinode_launcher": "standard",
+            },
+        )
+    )
     assert [p.severity for p in multi] == ["warning"]
 
 
@@ -140,21 +204,44 @@ def test_unreadable_files_are_problems_not_exceptions():
 
 # ---------------------------------------------------------------- fuzz
 json_values = st.recursive(
-    st.none() | st.booleans() | st.integers(-10, 10**10) | st.floats(allow_nan=False) | st.text(max_size=8)
+    st.none()
+    | st.booleans()
+    | st.integers(-10, 10**10)
+    | st.floats(allow_nan=False)
+    | st.text(max_size=8)
     | st.sampled_from(["auto", "cpu", "nvme", "none", "DEEPSPEED"]),
-    lambda children: st.lists(children, max_size=3) | st.dictionaries(
-        st.sampled_from(list(T.DS_TOP) + list(T.ZERO)[:12] + list(T.ACCELERATE_KEYS)[:12] + ["device", "nvme_path",
-                        "enabled", "deepspeed_config_file", "x"]), children, max_size=5),
-    max_leaves=20)
+    lambda children: st.lists(children, max_size=3)
+    | st.dictionaries(
+        st.sampled_from(
+            list(T.DS_TOP)
+            + list(T.ZERO)[:12]
+            + list(T.ACCELERATE_KEYS)[:12]
+            + ["device", "nvme_path", "enabled", "deepspeed_config_file", "x"]
+        ),
+        children,
+        max_size=5,
+    ),
+    max_leaves=20,
+)
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.dictionaries(st.sampled_from(list(T.DS_TOP) + list(T.ACCELERATE_KEYS) + ["junk"]), json_values,
-                       max_size=8), st.booleans(), st.sampled_from([None, True, False]))
+@given(
+    st.dictionaries(
+        st.sampled_from(list(T.DS_TOP) + list(T.ACCELERATE_KEYS) + ["junk"]),
+        json_values,
+        max_size=8,
+    ),
+    st.booleans(),
+    st.sampled_from([None, True, False]),
+)
 def test_fuzz_dicts_never_raise(cfg, trainer, bf16):
     texts = {"f.json": json.dumps(cfg), "f.yaml": yaml.safe_dump(cfg)}
-    for result in (check_files(texts, gpu_bf16=bf16, trainer=trainer, exists=lambda p: False),
-                   check_deepspeed(cfg), check_accelerate(cfg)):
+    for result in (
+        check_files(texts, gpu_bf16=bf16, trainer=trainer, exists=lambda p: False),
+        check_deepspeed(cfg),
+        check_accelerate(cfg),
+    ):
         assert isinstance(result, list)
         assert all(p.render() for p in result)
 
@@ -175,17 +262,68 @@ def _run_cli(argv):
     return code, out.getvalue() + err.getvalue()
 
 
-FLAG_POOL = ["--stage", "0", "1", "3", "7", "--offload-optimizer", "cpu", "nvme", "--offload-param", "--gpu", "V100",
-             "H100", "nope", "--precision", "bf16", "fp16", "--micro-batch", "-2", "4", "--nodes", "2",
-             "--gpus-per-node", "x", "--flavour", "auto", "--json", "--force", "--defaults", "--trainer",
-             "--nvme-path", "/nvme", "--global-batch", "--seq-len", "--answers", "missing.yaml", "--bogus", "--",
-             "--model", "qwen2.5-72b", "/no/such/dir", "--workload", "grpo", "dpo", "--num-generations", "3",
-             "--gradient-checkpointing", "--no-gradient-checkpointing", "--headroom", "1.5", "0.5"]
+FLAG_POOL = [
+    "--stage",
+    "0",
+    "1",
+    "3",
+    "7",
+    "--offload-optimizer",
+    "cpu",
+    "nvme",
+    "--offload-param",
+    "--gpu",
+    "V100",
+    "H100",
+    "nope",
+    "--precision",
+    "bf16",
+    "fp16",
+    "--micro-batch",
+    "-2",
+    "4",
+    "--nodes",
+    "2",
+    "--gpus-per-node",
+    "x",
+    "--flavour",
+    "auto",
+    "--json",
+    "--force",
+    "--defaults",
+    "--trainer",
+    "--nvme-path",
+    "/nvme",
+    "--global-batch",
+    "--seq-len",
+    "--answers",
+    "missing.yaml",
+    "--bogus",
+    "--",
+    "--model",
+    "qwen2.5-72b",
+    "/no/such/dir",
+    "--workload",
+    "grpo",
+    "dpo",
+    "--num-generations",
+    "3",
+    "--gradient-checkpointing",
+    "--no-gradient-checkpointing",
+    "--headroom",
+    "1.5",
+    "0.5",
+]
 
 
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(st.sampled_from(["config", "check", "estimate", "plan"]), st.lists(st.sampled_from(FLAG_POOL), max_size=8),
-       st.booleans())
+@settings(
+    max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    st.sampled_from(["config", "check", "estimate", "plan"]),
+    st.lists(st.sampled_from(FLAG_POOL), max_size=8),
+    st.booleans(),
+)
 def test_fuzz_cli_flags_exit_cleanly(tmp_path_factory, command, flags, with_file):
     d = tmp_path_factory.mktemp("cli")
     argv = [command]
@@ -197,3 +335,209 @@ def test_fuzz_cli_flags_exit_cleanly(tmp_path_factory, command, flags, with_file
     code, text = _run_cli(argv + flags)
     assert code in (0, 1, 2), (argv + flags, code, text)
     assert "Traceback" not in text
+
+
+# ---------------------------------------------------------------- judged by DeepSpeed / accelerate themselves
+def _yaml(**fields) -> str:
+    return yaml.safe_dump(
+        dict(
+            {
+                "compute_environment": "LOCAL_MACHINE",
+                "distributed_type": "DEEPSPEED",
+                "num_processes": 2,
+            },
+            **fields,
+        )
+    )
+
+
+@pytest.mark.parametrize("libraries", [True, False])
+def test_accelerate_yaml_values_accelerate_would_crash_on(libraries):
+    bad = _yaml(
+        deepspeed_config={
+            "zero_stage": 9,
+            "offload_optimizer_device": "gpu",
+            "zero3_init_flag": "maybe",
+        }
+    )
+    got = {p.path: p for p in check_files({"a.yaml": bad}, use_libraries=libraries)}
+    assert set(got) == {
+        "a.yaml:deepspeed_config.zero_stage",
+        "a.yaml:deepspeed_config.offload_optimizer_device",
+        "a.yaml:deepspeed_config.zero3_init_flag",
+    }
+    assert all(p.severity == "error" for p in got.values())
+    fine = _yaml(
+        deepspeed_config={
+            "zero_stage": 3,
+            "offload_optimizer_device": "cpu",
+            "zero3_init_flag": "true",
+        }
+    )
+    assert check_files({"a.yaml": fine}, use_libraries=libraries) == []
+
+
+def test_fsdp_key_typos_are_found_with_the_right_spelling():
+    cfg = {
+        "compute_environment": "LOCAL_MACHINE",
+        "distributed_type": "FSDP",
+        "num_processes": 2,
+        "fsdp_config": {
+            "fsdp_sharding_strategy": "FULL_SHARD",
+            "fsdp_auto_wrap_polcy": "TRANSFORMER_BASED_WRAP",
+            "state_dict_type": "SHARDED_STATE_DICT",
+        },
+    }  # un-prefixed keys are valid (fsdp_ added)
+    got = check_files({"f.yaml": yaml.safe_dump(cfg)})
+    assert [(p.path, p.fix) for p in got] == [
+        ("f.yaml:fsdp_config.fsdp_auto_wrap_polcy", "did you mean 'fsdp_auto_wrap_policy'?")
+    ]
+
+
+def test_removed_deprecated_and_unknown_deepspeed_keys():
+    ds = dict(
+        GOOD_DS,
+        amp={"enabled": True},
+        zero_optimization={
+            "stage": 2,
+            "mics_shard_size": 8,
+            "cpu_offload": True,
+            "overlap_com": True,
+            "offload_optimizer": {"device": "gpu", "pin_mem": True},
+        },
+    )
+    got = {p.path: p for p in check_deepspeed(ds, "d.json")}
+    assert "Apex AMP" in got["d.json:amp"].message and got["d.json:amp"].fix == "remove it"
+    assert "MiCS" in got["d.json:zero_optimization.mics_shard_size"].message
+    assert (
+        got["d.json:zero_optimization.cpu_offload"].severity == "warning"
+    )  # deprecated alias, still read
+    assert got["d.json:zero_optimization.overlap_com"].fix == "did you mean 'overlap_comm'?"
+    assert (
+        got["d.json:zero_optimization.offload_optimizer.pin_mem"].fix
+        == "did you mean 'pin_memory'?"
+    )
+    assert "'gpu'" in got["d.json:zero_optimization.offload_optimizer.device"].message
+
+
+def test_duplicate_json_keys_are_an_error():
+    text = '{"train_batch_size": 8, "zero_optimization": {"stage": 2, "stage": 3}}'
+    [problem] = check_files({"d.json": text})
+    assert (
+        problem.path == "d.json:stage"
+        and "twice" in problem.message
+        and problem.severity == "error"
+    )
+
+
+@pytest.mark.parametrize("libraries", [True, False])
+def test_valid_forms_deepspeed_accepts_pass(libraries):
+    legacy = {
+        "train_batch_size": 8,
+        "train_micro_batch_size_per_gpu": 4,
+        "gradient_accumulation_steps": 2,
+        "zero_optimization": True,
+    }
+    floats = dict(
+        GOOD_DS,
+        zero_optimization={"stage": 2, "reduce_bucket_size": 5e8, "allgather_bucket_size": 2e8},
+    )
+    zeropp = dict(
+        GOOD_DS,
+        zero_optimization={
+            "stage": 3,
+            "zero_hpz_partition_size": 8,
+            "zero_quantized_weights": True,
+            "zero_quantized_gradients": True,
+        },
+    )
+    for ds in (legacy, floats, zeropp):
+        assert check_deepspeed(ds, use_libraries=libraries) == [], ds
+
+
+def test_whole_config_is_run_through_deepspeedconfig():
+    ds = dict(GOOD_DS, bf16={"enabled": True}, fp16={"enabled": True})
+    got = check_deepspeed(
+        ds
+    )  # our own rule names it; DeepSpeed's whole-config run is skipped after errors
+    assert [p.path for p in got] == ["ds_config.json:fp16.enabled"]
+    odd = dict(
+        GOOD_DS, train_micro_batch_size_per_gpu=0, train_batch_size=0
+    )  # DeepSpeed asserts micro > 0
+    [problem] = check_deepspeed(odd)
+    assert problem.message.startswith("DeepSpeed rejects it") and problem.path == "ds_config.json"
+
+
+def test_auto_rules_per_client():
+    ds = dict(
+        GOOD_DS,
+        train_batch_size="auto",
+        optimizer={"type": "AdamW", "params": {"lr": "auto", "betas": "auto"}},
+    )
+    # under the Trainer the explicit values left in GOOD_DS must match its arguments: one warning naming them
+    [explicit] = check_deepspeed(ds, client="trainer")
+    assert explicit.severity == "warning" and "--per_device_train_batch_size 2" in explicit.message
+    assert paths(check_deepspeed(ds, client="accelerate")) == [
+        "ds_config.json:optimizer.params.betas"
+    ]
+    assert paths(check_deepspeed(ds, client="deepspeed")) == [
+        "ds_config.json:optimizer.params.betas",
+        "ds_config.json:optimizer.params.lr",
+        "ds_config.json:train_batch_size",
+    ]
+    [merged] = check_deepspeed(ds)
+    assert merged.severity == "warning" and "3 values" in merged.message
+
+
+def test_multinode_launcher_and_hostfile():
+    base = dict(
+        num_machines=2,
+        num_processes=4,
+        main_process_ip="10.0.0.1",
+        main_process_port=29500,
+        machine_rank=0,
+    )
+
+    def run(ds, exists=lambda p: True):
+        return {
+            p.path: p
+            for p in check_files({"a.yaml": _yaml(deepspeed_config=ds, **base)}, exists=exists)
+        }
+
+    # pdsh with an existing hostfile: valid, one warning that says what it really needs
+    got = run(
+        {
+            "deepspeed_config_file": "d.json",
+            "deepspeed_multinode_launcher": "pdsh",
+            "deepspeed_hostfile": "/job/hostfile",
+        }
+    )
+    [warn] = got.values()
+    assert (
+        warn.severity == "warning"
+        and "machine 0 only" in warn.message
+        and "alone" not in warn.message
+    )
+    # a named hostfile that does not exist
+    got = run(
+        {"deepspeed_config_file": "d.json", "deepspeed_hostfile": "/no/hostfile"},
+        exists=lambda p: p != "/no/hostfile",
+    )
+    assert got["a.yaml:deepspeed_config.deepspeed_hostfile"].severity == "error"
+    # no hostfile at all: DeepSpeed's runner starts local ranks only
+    got = run({"deepspeed_config_file": "d.json"})
+    assert (
+        "this machine only" in got["a.yaml:deepspeed_config.deepspeed_multinode_launcher"].message
+    )
+    assert (
+        run({"deepspeed_config_file": "d.json", "deepspeed_multinode_launcher": "standard"}) == {}
+    )
+    bad = run({"deepspeed_config_file": "d.json", "deepspeed_multinode_launcher": "ssh"})
+    assert "pdsh, standard" in bad["a.yaml:deepspeed_config.deepspeed_multinode_launcher"].fix
+
+
+def test_engine_names_what_judged():
+    from zerofit.configs.check import engine
+
+    assert engine().startswith("DeepSpeed ") and "accelerate" in engine()
+    assert "tables" in engine(use_libraries=False)

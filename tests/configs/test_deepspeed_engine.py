@@ -47,7 +47,8 @@ def _generated(tmp_path: Path, **answers) -> Path:
 @pytest.mark.parametrize("stage,precision", [(1, "bf16"), (2, "fp32"), (3, "bf16")])
 def test_generated_explicit_config_trains(tmp_path, free_port, stage, precision):
     config = _generated(tmp_path, stage=stage, precision=precision)
-    got = _launch(config, free_port, tmp_path)
+    # launched from another directory than the files': the YAML names its JSON absolutely
+    got = _launch(config, free_port, REPO)
     assert got["world"] == "2" and got["stage"] == str(stage) and got["steps"] == "3"
     # explicit batch arithmetic reached the engine unchanged: 2 micro x 2 accum x 2 processes
     assert (got["train_batch_size"], got["micro"], got["accum"]) == ("8", "2", "2")

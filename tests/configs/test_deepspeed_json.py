@@ -1,7 +1,8 @@
 """build_zero_config: every stage x offload x precision, both flavours; DeepSpeed's own config class accepts them.
 
-    .venv/bin/python -m pytest tests/configs/test_deepspeed_json.py -q
+.venv/bin/python -m pytest tests/configs/test_deepspeed_json.py -q
 """
+
 from __future__ import annotations
 
 import itertools
@@ -12,30 +13,57 @@ from conftest import build_plan
 from zerofit.errors import ZerofitError
 from zerofit.configs.deepspeed_json import build_zero_config
 
-COMBOS = [(s, o, p, prec) for s, o, p, prec in itertools.product((0, 1, 2, 3), ("none", "cpu", "nvme"),
-                                                                 ("none", "cpu", "nvme"), ("bf16", "fp16", "fp32"))
-          if (p == "none" or s == 3) and (o == "none" or s > 0)]
+COMBOS = [
+    (s, o, p, prec)
+    for s, o, p, prec in itertools.product(
+        (0, 1, 2, 3), ("none", "cpu", "nvme"), ("none", "cpu", "nvme"), ("bf16", "fp16", "fp32")
+    )
+    if (p == "none" or s == 3) and (o == "none" or s > 0)
+]
 
 
 def _plan(stage, opt="none", par="none", precision="bf16", flavour="explicit", **kw):
     nvme = "/local_nvme" if "nvme" in (opt, par) else None
-    return build_plan(hidden_size=kw.pop("hidden_size", 4096), gpus_per_node=kw.pop("gpus", 8), stage=stage,
-                      offload_optimizer=opt, offload_param=par, precision=precision, flavour=flavour,
-                      nvme_path=nvme, micro_batch=kw.pop("micro", 4), grad_accum=kw.pop("accum", 3), **kw)
+    return build_plan(
+        hidden_size=kw.pop("hidden_size", 4096),
+        gpus_per_node=kw.pop("gpus", 8),
+        stage=stage,
+        offload_optimizer=opt,
+        offload_param=par,
+        precision=precision,
+        flavour=flavour,
+        nvme_path=nvme,
+        micro_batch=kw.pop("micro", 4),
+        grad_accum=kw.pop("accum", 3),
+        **kw,
+    )
 
 
-def substitute_auto(ds: dict, hidden: int, micro: int, accum: int, world: int) -> dict:
-    """Fill "auto" the way accelerate/HF Trainer do, so DeepSpeed's config class can read it."""
+def substitute_auto(
+    ds: dict, hidden: int, micro: int, accum: int, world: int, precision: str = "bf16"
+) -> dict:
+    """Fill "auto" the way accelerate/HF Trainer do (``--bf16``/``--fp16`` from ``precision``)."""
     import copy
+
     ds = copy.deepcopy(ds)
-    fills = {"train_micro_batch_size_per_gpu": micro, "gradient_accumulation_steps": accum,
-             "train_batch_size": micro * accum * world, "gradient_clipping": 1.0}
+    for dtype in ("bf16", "fp16"):
+        if isinstance(ds.get(dtype), dict) and ds[dtype].get("enabled") == "auto":
+            ds[dtype]["enabled"] = precision == dtype
+    fills = {
+        "train_micro_batch_size_per_gpu": micro,
+        "gradient_accumulation_steps": accum,
+        "train_batch_size": micro * accum * world,
+        "gradient_clipping": 1.0,
+    }
     for k, v in fills.items():
         if ds.get(k) == "auto":
             ds[k] = v
     z = ds["zero_optimization"]
-    for k, v in {"reduce_bucket_size": hidden * hidden, "stage3_prefetch_bucket_size": int(0.9 * hidden * hidden),
-                 "stage3_param_persistence_threshold": 10 * hidden}.items():
+    for k, v in {
+        "reduce_bucket_size": hidden * hidden,
+        "stage3_prefetch_bucket_size": int(0.9 * hidden * hidden),
+        "stage3_param_persistence_threshold": 10 * hidden,
+    }.items():
         if z.get(k) == "auto":
             z[k] = v
     return ds
@@ -46,8 +74,11 @@ def deepspeed_accepts(ds: dict, world: int):
     from unittest import mock
 
     from deepspeed.runtime.config import DeepSpeedConfig
-    with mock.patch("deepspeed.comm.get_rank", return_value=0), \
-            mock.patch("deepspeed.comm.get_world_size", return_value=world):
+
+    with (
+        mock.patch("deepspeed.comm.get_rank", return_value=0),
+        mock.patch("deepspeed.comm.get_world_size", return_value=world),
+    ):
         return DeepSpeedConfig(ds)
 
 
@@ -55,7 +86,7 @@ def deepspeed_accepts(ds: dict, world: int):
 @pytest.mark.parametrize("flavour", ["explicit", "auto"])
 def test_every_combination_is_valid_for_deepspeed(stage, opt, par, precision, flavour):
     ds = build_zero_config(_plan(stage, opt, par, precision, flavour))
-    cfg = deepspeed_accepts(substitute_auto(ds, 4096, 4, 3, 8), world=8)
+    cfg = deepspeed_accepts(substitute_auto(ds, 4096, 4, 3, 8, precision), world=8)
     assert cfg.zero_optimization_stage == stage
     assert cfg.train_batch_size == 4 * 3 * 8
     assert cfg.bfloat16_config.enabled == (precision == "bf16")
@@ -68,7 +99,11 @@ def test_every_combination_is_valid_for_deepspeed(stage, opt, par, precision, fl
 
 def test_explicit_batch_arithmetic_and_clipping():
     ds = build_zero_config(_plan(2, micro=4, accum=3, gpus=8))
-    assert (ds["train_batch_size"], ds["train_micro_batch_size_per_gpu"], ds["gradient_accumulation_steps"]) == (96, 4, 3)
+    assert (
+        ds["train_batch_size"],
+        ds["train_micro_batch_size_per_gpu"],
+        ds["gradient_accumulation_steps"],
+    ) == (96, 4, 3)
     assert ds["gradient_clipping"] == 1.0
     z = ds["zero_optimization"]
     assert z["overlap_comm"] is True and z["contiguous_gradients"] is True
@@ -87,6 +122,50 @@ def test_auto_flavour_fills_auto_only_where_it_resolves_to_ds_defaults():
     assert z3["stage3_max_live_parameters"] == 1_000_000_000
 
 
+def test_auto_flavour_precision_is_auto_with_the_hf_docs_loss_scaling():
+    # transformers trainer_config_process fill_match("fp16.enabled"/"bf16.enabled") from --fp16/--bf16,
+    # accelerate set_mixed_precision from --mixed_precision: any precision flag works with one file.
+    for precision in ("bf16", "fp16", "fp32"):
+        ds = build_zero_config(_plan(2, precision=precision, flavour="auto"))
+        assert ds["bf16"] == {"enabled": "auto"}
+        assert ds["fp16"] == {
+            "enabled": "auto",
+            "loss_scale": 0,
+            "loss_scale_window": 1000,
+            "initial_scale_power": 16,
+            "hysteresis": 2,
+            "min_loss_scale": 1,
+        }
+    assert "--bf16" in build_zero_config(_plan(2, flavour="auto"))["_comment"]
+    explicit = build_zero_config(_plan(2, precision="bf16"))
+    assert explicit["bf16"] == {"enabled": True} and "fp16" not in explicit
+
+
+@pytest.mark.parametrize("flavour", ["explicit", "auto"])
+@pytest.mark.parametrize("opt", ["none", "cpu"])
+def test_optimizer_block_on_request(flavour, opt):
+    ds = build_zero_config(_plan(2, opt, flavour=flavour, optimizer_block=True))
+    params = ds["optimizer"]["params"]
+    assert ds["optimizer"]["type"] == "AdamW"
+    if flavour == "auto":
+        assert {k: params[k] for k in ("lr", "betas", "eps", "weight_decay")} == dict.fromkeys(
+            ("lr", "betas", "eps", "weight_decay"), "auto"
+        )
+    else:
+        assert params["lr"] == 1e-3 and params["betas"] == [
+            0.9,
+            0.999,
+        ]  # torch.optim.AdamW defaults
+    # torch AdamW instead of JIT fused_adam; with offload DeepSpeedCPUAdam must be built instead
+    assert params.get("torch_adam") is (True if opt == "none" else None)
+    filled = substitute_auto(ds, 4096, 4, 3, 8)
+    if flavour == "auto":
+        filled["optimizer"]["params"].update(
+            lr=1e-5, betas=[0.9, 0.999], eps=1e-8, weight_decay=0.0
+        )
+    assert deepspeed_accepts(filled, world=8).optimizer_name == "adamw"
+
+
 def test_stage3_explicit_buckets_follow_hidden_size():
     z = build_zero_config(_plan(3, hidden_size=1024))["zero_optimization"]
     assert z["reduce_bucket_size"] == 1024 * 1024
@@ -97,7 +176,11 @@ def test_stage3_explicit_buckets_follow_hidden_size():
 
 def test_offload_blocks_pin_memory_and_nvme_path():
     z = build_zero_config(_plan(3, "nvme", "cpu"))["zero_optimization"]
-    assert z["offload_optimizer"] == {"device": "nvme", "pin_memory": True, "nvme_path": "/local_nvme"}
+    assert z["offload_optimizer"] == {
+        "device": "nvme",
+        "pin_memory": True,
+        "nvme_path": "/local_nvme",
+    }
     assert z["offload_param"] == {"device": "cpu", "pin_memory": True}
     z2 = build_zero_config(_plan(2, "cpu"))["zero_optimization"]
     assert "offload_param" not in z2 and "stage3_gather_16bit_weights_on_model_save" not in z2
@@ -111,6 +194,7 @@ def test_fp16_has_dynamic_loss_scaling_and_fp32_has_no_precision_block():
 
 def test_nvme_without_path_is_a_user_error():
     from dataclasses import replace
+
     plan = _plan(2, "cpu")
     plan = replace(plan, offload_optimizer="nvme")  # a plan whose answers carry no nvme_path
     with pytest.raises(ZerofitError, match="nvme_path"):

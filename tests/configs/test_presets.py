@@ -1,7 +1,8 @@
 """deepspeed_configs/ equals the builder's output, passes `check`, and DeepSpeed/accelerate accept it.
 
-    .venv/bin/python -m pytest tests/configs/test_presets.py -q
+.venv/bin/python -m pytest tests/configs/test_presets.py -q
 """
+
 from __future__ import annotations
 
 import json
@@ -19,7 +20,9 @@ FILES = render_presets()
 
 @pytest.mark.parametrize("name", sorted(FILES))
 def test_file_equals_builder_output(name):
-    assert (PRESET_DIR / name).read_text() == FILES[name], "regenerate: zerofit presets --write --force"
+    assert (PRESET_DIR / name).read_text() == FILES[
+        name
+    ], "regenerate: zerofit presets --write --force"
 
 
 def test_no_stray_files():
@@ -31,21 +34,46 @@ def test_no_stray_files():
 @pytest.mark.parametrize("world", [1, 8, 64])
 def test_presets_valid_in_deepspeed_after_auto_substitution(name, world):
     ds = json.loads((PRESET_DIR / f"{name}.json").read_text())
-    cfg = deepspeed_accepts(substitute_auto(ds, hidden=4096, micro=2, accum=4, world=world), world=world)
+    cfg = deepspeed_accepts(
+        substitute_auto(ds, hidden=4096, micro=2, accum=4, world=world), world=world
+    )
+    assert (
+        cfg.bfloat16_config.enabled and not cfg.float16_config.enabled
+    )  # "auto" filled from --bf16
     assert cfg.zero_optimization_stage == PRESETS[name][0]
     assert cfg.train_batch_size == 2 * 4 * world
 
 
 def test_presets_pass_check_for_trainers(monkeypatch):
     monkeypatch.chdir(REPO)  # the YAMLs name their JSON relative to the repository root
-    texts = {str(p.relative_to(REPO)): p.read_text() for p in PRESET_DIR.rglob("*") if p.suffix in (".json", ".yaml")}
-    assert check_files(texts, trainer=True, gpu_bf16=True, exists=lambda p: (REPO / p).is_file()) == []
+    texts = {
+        str(p.relative_to(REPO)): p.read_text()
+        for p in PRESET_DIR.rglob("*")
+        if p.suffix in (".json", ".yaml")
+    }
+    assert (
+        check_files(texts, trainer=True, gpu_bf16=True, exists=lambda p: (REPO / p).is_file()) == []
+    )
 
 
 @pytest.mark.parametrize("name", ["multi_gpu", "zero1", "zero2", "zero3"])
 def test_accelerate_yamls_load(name):
     from accelerate.commands.config.config_args import load_config_from_file
+
     cfg = load_config_from_file(str(PRESET_DIR / "accelerate" / f"{name}.yaml"))
     assert cfg.num_processes == 8
     if name != "multi_gpu":
         assert (REPO / cfg.deepspeed_config["deepspeed_config_file"]).is_file()
+
+
+def test_cli_check_exits_0_on_every_shipped_file(monkeypatch, capsys):
+    from zerofit.cli.main import main
+
+    monkeypatch.chdir(REPO)
+    files = sorted(
+        str(p.relative_to(REPO)) for p in PRESET_DIR.rglob("*") if p.suffix in (".json", ".yaml")
+    )
+    assert main(["check", *files]) == 0  # "auto" warnings (client unknown) do not fail the check
+    assert main(["check", "--client", "trainer", "--strict", *files]) == 0
+    out = capsys.readouterr().out
+    assert "ok: 9 files, no problems" in out

@@ -40,8 +40,8 @@ def free_port() -> int:
 def cluster(tmp_path: Path, monkeypatch) -> Path:
     """`zerofit config` output for 2 nodes x 1 GPU, ZeRO-2, micro batch 2 (the script's), free port.
 
-    The DeepSpeed JSON path in accelerate.yaml is relative (cfg/ds_config.json), as users get it,
-    so the nodes run from tmp_path like a user launching from their project directory.
+    `zerofit config --out cfg` writes the DeepSpeed JSON path into accelerate.yaml absolutely; the
+    nodes run from tmp_path like a user launching from their project directory.
     """
     monkeypatch.chdir(tmp_path)
     argv = ["config", "--model", "qwen2.5-0.5b", "--gpu", "H100-SXM", "--gpus-per-node", "1", "--nodes", "2",

@@ -73,7 +73,8 @@ def test_wizard_in_a_pty_writes_files_that_accelerate_and_deepspeed_load(tmp_pat
     cluster = load_config_from_file(str(out / "accelerate.yaml"))
     assert (cluster.num_machines, cluster.num_processes, cluster.machine_rank) == (2, 4, 0)
     assert (cluster.main_process_ip, cluster.main_process_port) == ("127.0.0.1", free_port)
-    assert cluster.deepspeed_config["deepspeed_config_file"] == "out/ds_config.json"
+    # absolute: workers open it from whatever directory they were launched in
+    assert cluster.deepspeed_config["deepspeed_config_file"] == str(out.resolve() / "ds_config.json")
 
     from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
     ds = json.loads(files["ds_config.json"])

@@ -29,6 +29,8 @@ _HELP = {
     "micro_batch": "sequences per GPU per forward (default: the planner picks)",
     "gradient_checkpointing": "recompute activations in backward (default: the planner picks)",
     "flavour": "explicit numbers, or 'auto' values for HF Trainer / TRL",
+    "optimizer_block": "write an AdamW `optimizer` block into the DeepSpeed JSON (plain DeepSpeed "
+                       "scripts that call deepspeed.initialize without their own optimizer)",
     "headroom": "fraction of GPU memory a plan may use (default 1.0: the safety margin and the "
                 "modelled allocator/NCCL/context terms already keep what the GPU needs free)",
     "safety_margin_gib": "GiB kept free on top of every modelled term (default 1.0)",

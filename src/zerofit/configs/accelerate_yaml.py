@@ -7,15 +7,36 @@ Facts this follows (accelerate 1.15, read from its source and tried):
   ``mixed_precision`` or DeepSpeed knobs such as ``zero_stage`` ("the following accelerate config
   variables will be ignored"), so precision lives in the DeepSpeed JSON only.
 * ``deepspeed_config_file`` is opened by the training processes relative to their working
-  directory (where ``accelerate launch`` ran), not relative to the YAML file.
+  directory (where ``accelerate launch`` ran), not relative to the YAML file. `zerofit config`
+  therefore writes an absolute path; the shipped presets (relative to the repository root) say so.
+* ``accelerate launch`` without ``--config_file`` reads ``default_config.yaml`` in
+  ``$HF_HOME/accelerate`` (``HF_HOME`` defaults to ``$XDG_CACHE_HOME/huggingface``, then
+  ``~/.cache/huggingface``): accelerate ``commands/config/config_args.py``
+  (``default_config_file``).
 * accelerate's default multi-node DeepSpeed launcher is pdsh (needs ssh + a hostfile); the
   ``standard`` launcher is torchrun on every node, started by you or your scheduler.
 """
 from __future__ import annotations
 
-from typing import Any
+import os
+from typing import Any, Mapping
 
 DS_CONFIG_FILE = "ds_config.json"
+DEFAULT_CONFIG_NAME = "default_config.yaml"
+
+
+def default_config_path(environ: Mapping[str, str]) -> str:
+    """Where ``accelerate launch`` looks without ``--config_file`` (the same rule as accelerate).
+
+    accelerate ``commands/config/config_args.py``: ``HF_HOME`` or ``$XDG_CACHE_HOME/huggingface``
+    (``~/.cache/huggingface``), then ``accelerate/default_config.yaml``.
+    """
+    cache = environ.get("XDG_CACHE_HOME", "~/.cache")
+    hf_home = environ.get("HF_HOME", os.path.join(cache, "huggingface"))
+    home = environ.get("HOME")
+    if hf_home.startswith("~") and home:  # expanduser, but from the given environment
+        hf_home = home + hf_home[1:]
+    return os.path.join(os.path.expanduser(hf_home), "accelerate", DEFAULT_CONFIG_NAME)
 
 
 def build_accelerate_config(plan, ds_config_file: str = DS_CONFIG_FILE, machine_rank: int = 0) -> dict[str, Any]:
@@ -65,8 +86,13 @@ def render_accelerate_config(plan, machine_rank: int = 0, ds_config_file: str = 
     header = [f"# accelerate config written by zerofit: {plan.world_size} processes in total "
               f"({plan.answers.gpus_per_node} per node x {nodes} node{'s' if nodes > 1 else ''})."]
     if plan.stage > 0:
+        where = ("" if os.path.isabs(ds_config_file)
+                 else ", opened relative to the directory you launch from")
         header.append(f"# DeepSpeed settings (ZeRO-{plan.stage}, precision, batch sizes) live in "
-                      f"{ds_config_file}, opened relative to the directory you launch from.")
+                      f"{ds_config_file}{where}.")
+        if plan.answers.flavour == "auto" and plan.precision in ("bf16", "fp16"):
+            header.append(f'# Its precision is "auto": pass --{plan.precision} to the HF Trainer / '
+                          f"TRL, or --mixed_precision {plan.precision} to accelerate launch (else fp32).")
     if nodes > 1:
         header.append(f"# This file is for machine_rank {machine_rank}; run the same command on every node "
                       "with that node's file.")

@@ -55,7 +55,7 @@ DS_TOP = {
     "gradient_predivide_factor": "float", "communication_data_type": "any", "sparse_gradients": "bool",
     "disable_allgather": "bool", "zero_allow_untested_optimizer": "bool", "zero_force_ds_cpu_optimizer": "bool",
     "dataloader_drop_last": "bool", "seq_parallel_communication_data_type": "any",
-    "zero_optimization": "dict", "bf16": "dict", "bfloat16": "dict", "fp16": "dict", "amp": "dict",
+    "zero_optimization": "dict_or_bool", "bf16": "dict", "bfloat16": "dict", "fp16": "dict", "amp": "dict",
     "optimizer": "dict", "scheduler": "dict", "activation_checkpointing": "dict", "flops_profiler": "dict",
     "tensorboard": "dict", "wandb": "dict", "csv_monitor": "dict", "comet": "dict", "comms_logger": "dict",
     "autotuning": "dict", "checkpoint": "dict", "data_types": "dict", "aio": "dict", "elasticity": "dict",
@@ -75,6 +75,17 @@ HF_FILLED = frozenset({
     "scheduler.params.total_num_steps", "fp16.enabled", "bf16.enabled",
     "zero_optimization.reduce_bucket_size", "zero_optimization.stage3_prefetch_bucket_size",
     "zero_optimization.stage3_param_persistence_threshold",
+})
+
+# What accelerate fills for "auto" (Accelerator._prepare_deepspeed config_kwargs and
+# DeepSpeedPlugin.set_mixed_precision); batch sizes need a DataLoader passed to prepare().
+ACCELERATE_FILLED = frozenset({
+    "train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "gradient_clipping",
+    "fp16.enabled", "bf16.enabled", "optimizer.params.lr", "optimizer.params.weight_decay",
+    "scheduler.params.warmup_min_lr", "scheduler.params.warmup_max_lr", "scheduler.params.warmup_num_steps",
+    "scheduler.params.total_num_steps", "zero_optimization.reduce_bucket_size",
+    "zero_optimization.stage3_prefetch_bucket_size", "zero_optimization.stage3_param_persistence_threshold",
+    "zero_optimization.stage3_gather_16bit_weights_on_model_save",
 })
 
 # accelerate.commands.config.config_args.ClusterConfig fields (BaseConfig's included).
@@ -98,6 +109,8 @@ ACCELERATE_DS_KEYS = {k: "any" for k in (
 DS_FILE_CONFLICTS = frozenset({"zero_stage", "offload_optimizer_device", "offload_param_device",
                                "offload_optimizer_nvme_path", "offload_param_nvme_path",
                                "gradient_accumulation_steps", "gradient_clipping", "zero3_save_16bit_model"})
+# accelerate.utils.constants.DEEPSPEED_MULTINODE_LAUNCHERS (the first is accelerate's default).
+DS_MULTINODE_LAUNCHERS = ("pdsh", "standard", "openmpi", "mvapich", "mpich", "nossh", "slurm")
 DISTRIBUTED_TYPES = ("NO", "MULTI_CPU", "MULTI_GPU", "MULTI_NPU", "MULTI_MLU", "MULTI_SDAA", "MULTI_MUSA",
                      "MULTI_XPU", "DEEPSPEED", "FSDP", "XLA", "MEGATRON_LM", "MULTI_HPU", "MULTI_NEURON")
 MIXED_PRECISIONS = ("no", "fp16", "bf16", "fp8")

@@ -4,19 +4,42 @@ Two flavours (``plan.answers.flavour``):
 
 * ``explicit``: every number written out, for plain accelerate/DeepSpeed scripts. DeepSpeed asserts
   ``train_batch_size == micro × accumulation × world``, so all three are written from the plan,
-  which keeps that identity by construction.
-* ``auto``: ``"auto"`` where HF Trainer / TRL (through accelerate) fill the value from their
-  arguments: batch sizes, accumulation, clipping, and the hidden-size based bucket sizes. A bucket
-  is written as ``"auto"`` only when accelerate resolves it to the very number
-  ``ds_bucket_sizes`` gives (stage 3); stage-1/2 buckets stay numeric, because "auto" there
-  would become hidden² instead of the 5e8 the memory model counts.
+  which keeps that identity by construction. Precision is a plain ``true``.
+* ``auto``: ``"auto"`` for every value the HF Trainer / TRL / accelerate fill from the user's own
+  arguments, so the same file runs whatever ``--bf16``/``--fp16``/batch flags the user passes.
+  The per-key decision, from the clients' code (transformers 5.x ``integrations/deepspeed.py``
+  ``HfTrainerDeepSpeedConfig.trainer_config_process`` / ``trainer_config_finalize``; accelerate 1.x
+  ``Accelerator._prepare_deepspeed`` and ``DeepSpeedPlugin.set_mixed_precision``):
 
-Precision is explicit in both flavours: it is a memory decision of the plan, and a silent fp32
-fallback ("auto" with a trainer run without ``--bf16``) would double the activations the plan
-counted. With a mismatching trainer flag transformers stops with a clear message instead.
+  - ``train_micro_batch_size_per_gpu``, ``gradient_accumulation_steps``, ``train_batch_size``,
+    ``gradient_clipping``: ``fill_match`` from ``per_device_train_batch_size``,
+    ``gradient_accumulation_steps``, ``max_grad_norm`` (Trainer); from the prepared DataLoader, the
+    Accelerator's accumulation and 1.0 (accelerate).
+  - ``fp16.enabled`` / ``bf16.enabled``: ``fill_match`` from ``args.fp16`` / ``args.bf16``
+    (Trainer); from ``--mixed_precision`` (accelerate ``set_mixed_precision``). Both blocks are written, as in
+    the HF docs' templates, fp16 with its dynamic loss-scaling knobs, so either flag works.
+  - ``optimizer.params.{lr,betas,eps,weight_decay}`` (only with ``--optimizer-block``):
+    ``fill_match`` from ``learning_rate``, ``adam_beta1/2``, ``adam_epsilon``, ``weight_decay``.
+  - the hidden-size buckets (``reduce_bucket_size``, ``stage3_prefetch_bucket_size``,
+    ``stage3_param_persistence_threshold``): filled from the model in ``trainer_config_finalize`` /
+    ``_prepare_deepspeed``, not from the user's arguments. Written ``"auto"`` only where that fill
+    equals what the memory model counted (stage 3); stage-1/2 buckets stay 5e8, because "auto"
+    would turn them into hidden² and change the memory the plan promised.
+  - ``stage3_gather_16bit_weights_on_model_save`` stays ``true``: accelerate fills "auto" with
+    ``false``, which saves near-empty ZeRO-3 weights.
 
-No ``optimizer``/``scheduler`` block: the script's own torch optimizer is used through accelerate.
-A DeepSpeed optimizer block would force ``DummyOptim`` in user code and JIT-compile fused_adam.
+  The plan's precision is still the one the memory was counted for: the ``_comment`` names the
+  flag to pass (``--bf16``); without it the clients train in fp32 (twice the activations).
+
+Optimizer: no ``optimizer`` block by default, so the script's own torch optimizer is used through
+accelerate / the Trainer. ``optimizer_block`` (``zerofit config --optimizer-block``) writes an AdamW
+block for scripts that call ``deepspeed.initialize`` without an optimizer: explicit numbers are
+``torch.optim.AdamW``'s defaults (set ``lr`` to yours), ``"auto"`` in the auto flavour. Without
+optimizer offload it sets ``"torch_adam": true``: DeepSpeed then builds ``torch.optim.AdamW``
+(``DeepSpeedEngine.get_optimizer_configuration``) instead of JIT-compiling ``fused_adam``, which
+needs a CUDA toolchain at run time. With optimizer offload it is left out, so DeepSpeed uses its
+``DeepSpeedCPUAdam`` (a torch optimizer there raises unless ``zero_force_ds_cpu_optimizer`` is
+false).
 
 Optimizer offload: accelerate 1.15 (``Accelerator._prepare_deepspeed``) swaps a client
 ``torch.optim.AdamW`` for DeepSpeed's ``DeepSpeedCPUAdam`` (same lr / weight decay, AdamW mode)
@@ -41,9 +64,12 @@ AUTO_BUCKETS = {
     "stage3_param_persistence_threshold": lambda h: 10 * h,
 }
 
-# DeepSpeed's fp16 dynamic loss scaling (its documented defaults, written out so users see them).
-FP16_BLOCK = {"enabled": True, "loss_scale": 0, "initial_scale_power": 16, "loss_scale_window": 1000,
-              "hysteresis": 2, "min_loss_scale": 1}
+# DeepSpeed's fp16 dynamic loss scaling (its documented defaults, written out so users see them;
+# the HF docs' zero2/zero3 templates write the same block with "enabled": "auto").
+FP16_BLOCK = {"enabled": True, "loss_scale": 0, "loss_scale_window": 1000,
+              "initial_scale_power": 16, "hysteresis": 2, "min_loss_scale": 1}
+# torch.optim.AdamW's own defaults (torch/optim/adamw.py), for the explicit optimizer block.
+ADAMW_DEFAULTS = {"lr": 1e-3, "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0.01}
 
 
 def build_zero_config(plan) -> dict[str, Any]:
@@ -62,12 +88,26 @@ def build_zero_config(plan) -> dict[str, Any]:
                   train_micro_batch_size_per_gpu=plan.micro_batch,
                   gradient_accumulation_steps=plan.grad_accum,
                   gradient_clipping=1.0)
-    if plan.precision == "bf16":
+    if auto:
+        # Both blocks "auto": the Trainer's --bf16/--fp16 or accelerate's --mixed_precision decide.
+        ds["fp16"] = dict(FP16_BLOCK, enabled="auto")
+        ds["bf16"] = {"enabled": "auto"}
+    elif plan.precision == "bf16":
         ds["bf16"] = {"enabled": True}
     elif plan.precision == "fp16":
         ds["fp16"] = dict(FP16_BLOCK)
+    if plan.answers.optimizer_block:
+        ds["optimizer"] = build_optimizer_block(plan, auto)
     ds["zero_optimization"] = build_zero_section(plan, auto)
     return ds
+
+
+def build_optimizer_block(plan, auto: bool = False) -> dict[str, Any]:
+    """The DeepSpeed ``optimizer`` block (AdamW): "auto" params, or torch AdamW's defaults."""
+    params: dict[str, Any] = {k: "auto" for k in ADAMW_DEFAULTS} if auto else dict(ADAMW_DEFAULTS)
+    if plan.offload_optimizer == "none":
+        params["torch_adam"] = True  # torch.optim.AdamW instead of JIT-compiled fused_adam
+    return {"type": "AdamW", "params": params}
 
 
 def build_zero_section(plan, auto: bool = False) -> dict[str, Any]:
@@ -112,8 +152,15 @@ def _comment(plan, auto: bool) -> str:
         parts.append(f"optimizer offload to {plan.offload_optimizer} (DeepSpeedCPUAdam)")
     if plan.stage == 3 and plan.offload_param != "none":
         parts.append(f"parameter offload to {plan.offload_param}")
+    if plan.answers.optimizer_block:
+        parts.append("AdamW optimizer block"
+                     + ("" if auto else " (torch defaults: set lr to yours)"))
     if auto:
-        parts.append('"auto" values are filled by HF Trainer / TRL / accelerate from the training arguments')
+        flag = {"bf16": "--bf16", "fp16": "--fp16"}.get(plan.precision)
+        parts.append('"auto" values are filled by HF Trainer / TRL / accelerate from the '
+                     "training arguments"
+                     + (f"; pass {flag} (accelerate launch: --mixed_precision {plan.precision}), "
+                        "the precision this plan was sized for" if flag else ""))
     else:
         parts.append(f"train_batch_size = {plan.micro_batch} micro x {plan.grad_accum} accumulation x "
                      f"{plan.world_size} GPUs; for plain accelerate/DeepSpeed scripts")

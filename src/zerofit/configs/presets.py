@@ -79,19 +79,22 @@ batch size, run `zerofit config` instead.
 {yrows}
 
 ```bash
-accelerate launch --config_file deepspeed_configs/accelerate/zero2.yaml train.py        # 8 GPUs
-accelerate launch --config_file deepspeed_configs/accelerate/zero2.yaml --num_processes 4 train.py
+accelerate launch --config_file deepspeed_configs/accelerate/zero2.yaml train.py --bf16  # Trainer
+accelerate launch --config_file deepspeed_configs/accelerate/zero2.yaml --num_processes 4 \\
+    --mixed_precision bf16 my_accelerate_loop.py
 ```
 
 What every preset does, and why:
 
-- **bf16** (`"bf16": {{"enabled": true}}`). With HF Trainer / TRL pass `--bf16`, else transformers
-  stops with a mismatch message. GPUs without bf16 (V100, T4): use `zerofit config --gpu V100`, which
-  writes fp16 with dynamic loss scaling.
+- **Precision is "auto"** (`"fp16": {{"enabled": "auto", ...loss scaling}}`,
+  `"bf16": {{"enabled": "auto"}}`, as in the HF docs' templates): HF Trainer / TRL take it from
+  `--bf16` / `--fp16`, `accelerate launch` from `--mixed_precision bf16`. Pass one: without it the run is fp32 (twice the activation memory).
+  GPUs without bf16 (V100, T4): pass `--fp16`.
 - **"auto" batch sizes, accumulation, clipping, stage-3 buckets**: HF Trainer / TRL fill them from
   their arguments; `accelerate launch` fills them when the script passes its DataLoader to
   `accelerator.prepare()` (clipping becomes 1.0, accumulation the Accelerator's). The plain
-  `deepspeed` launcher rejects "auto": use `zerofit config --flavour explicit` for that.
+  `deepspeed` launcher and `deepspeed.initialize` reject "auto" (`zerofit check` says so): use
+  `zerofit config --flavour explicit` for those.
 - **overlap_comm + contiguous_gradients on**, stage-1/2 buckets 5e8 elements (DeepSpeed's defaults).
 - **No `optimizer` / `scheduler` block**: your script's optimizer is used. With CPU optimizer offload,
   accelerate swaps a torch AdamW for DeepSpeed's DeepSpeedCPUAdam (vectorised CPU Adam; compiled once,

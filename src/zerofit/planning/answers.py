@@ -53,6 +53,7 @@ class Answers:
     nvme_path: str | None = None
     # --- output and launch
     flavour: str = "explicit"            # explicit numbers, or "auto" for HF Trainer / TRL
+    optimizer_block: bool = False        # write a DeepSpeed `optimizer` block (AdamW) into the JSON
     launcher: str = "accelerate"
     main_process_ip: str = "127.0.0.1"
     main_process_port: int = 29500

@@ -18,6 +18,10 @@ def register(sub) -> None:
     add_answer_flags(p)
     p.add_argument("--out", required=True, metavar="DIR", help="directory to write into (created if missing)")
     p.add_argument("--force", action="store_true", help="overwrite existing files")
+    p.add_argument("--save-default", action="store_true",
+                   help="also write accelerate.yaml where `accelerate launch` looks without "
+                        "--config_file ($HF_HOME/accelerate/default_config.yaml, as `accelerate "
+                        "config` does)")
     p.add_argument("--defaults", action="store_true", help="accept the defaults for everything not given")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=run)
@@ -44,8 +48,15 @@ def run(args) -> int:
     from zerofit.configs.outputs import build_files
 
     answers = answers_from_args(args)
-    plan, files = build_files(answers, ds_config_file=str(Path(args.out) / "ds_config.json"))
+    # Absolute: accelerate opens deepspeed_config_file relative to each worker's working directory.
+    ds_path = Path(args.out).resolve() / "ds_config.json"
+    plan, files = build_files(answers, ds_config_file=str(ds_path))
+    default = None
+    if args.save_default:  # checked before anything is written: all files or none
+        default = check_default_target(args.force)
     paths = write_files(args.out, files, force=args.force)
+    if default is not None:
+        paths += save_default(files["accelerate.yaml"], default, args.force)
     launch = launch_command(plan, args.out)
     if args.json:
         print(json.dumps({"plan": plan_summary(plan), "files": [str(p) for p in paths], "launch": launch}, indent=2))
@@ -59,6 +70,26 @@ def run(args) -> int:
               file=sys.stderr)
         return 1
     return 0
+
+
+def check_default_target(force: bool) -> Path:
+    """accelerate's default config path; ZerofitError if it exists and ``force`` is not given."""
+    import os
+
+    from zerofit.configs.accelerate_yaml import default_config_path
+
+    target = Path(default_config_path(os.environ))
+    if target.exists() and not force:
+        raise ZerofitError("--save-default", f"{target} already exists",
+                           "pass --force to overwrite it, or launch with --config_file instead")
+    return target
+
+
+def save_default(text: str, target: Path, force: bool) -> list[Path]:
+    """Write accelerate.yaml text as accelerate's default config (for ``accelerate launch x.py``)."""
+    from zerofit.files import write_files
+
+    return write_files(target.parent, {target.name: text}, force=force)
 
 
 def plan_summary(plan) -> dict:

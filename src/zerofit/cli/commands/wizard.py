@@ -27,6 +27,10 @@ def register(sub) -> None:
     add_answer_flags(p)
     p.add_argument("--out", default=DEFAULT_OUT, metavar="DIR", help=f"directory to write into (default: {DEFAULT_OUT})")
     p.add_argument("--force", action="store_true", help="overwrite existing files in --out")
+    p.add_argument("--save-default", action="store_true",
+                   help="also write accelerate.yaml as accelerate's default config "
+                        "($HF_HOME/accelerate/default_config.yaml), so `accelerate launch "
+                        "script.py` uses it")
     p.add_argument("--defaults", action="store_true",
                    help="accept every default without prompting (with --answers: use the file as is)")
     p.set_defaults(func=run)
@@ -102,10 +106,12 @@ def run(args) -> int:
             console.print("nothing written")
             return 1
         answers = reviewed[0]
-    return finish(answers, out, args.force, console, show=not interactive)
+    return finish(answers, out, args.force, console, show=not interactive,
+                  save_default=getattr(args, "save_default", False))
 
 
-def finish(answers, out: Path, force: bool, console, show: bool = False) -> int:
+def finish(answers, out: Path, force: bool, console, show: bool = False,
+           save_default: bool = False) -> int:
     """Build and write the files exactly as `zerofit config --out OUT` does, then print the launch commands."""
     from zerofit.files import write_files
     from zerofit.configs.outputs import build_files
@@ -113,10 +119,18 @@ def finish(answers, out: Path, force: bool, console, show: bool = False) -> int:
 
     # Same ds_config_file as `zerofit config`, so `config --answers OUT/answers.yaml --out OUT`
     # reproduces these files byte for byte.
-    plan, files = build_files(answers, ds_config_file=str(out / "ds_config.json"))
+    plan, files = build_files(answers, ds_config_file=str(Path(out).resolve() / "ds_config.json"))
     if show:
         wizard.show_plan(plan, console)
-    for path in write_files(out, files, force=force):
+    default = None
+    if save_default:
+        from zerofit.cli.commands.config import check_default_target
+        default = check_default_target(force)  # before writing anything: all files or none
+    paths = write_files(out, files, force=force)
+    if default is not None:
+        from zerofit.cli.commands.config import save_default as write_default
+        paths += write_default(files["accelerate.yaml"], default, force)
+    for path in paths:
         console.print(f"wrote {path}")
     console.print()
     for line in render_launch_lines(plan, out):
