@@ -198,3 +198,23 @@ def test_dpo_reference_phase_counts_the_policy_graph():
     assert est.breakdown["policy_logits"] == losses.policy_held_bytes("hf", QWEN25_7B, 2, tokens)
     assert est.breakdown["policy_activations"] == act.stored_activation_bytes(
         QWEN25_7B, 2, tokens, 2, 4096, "sdpa", True)
+
+
+def test_grpo_scores_completions_except_on_deepspeeds_own_loop():
+    """TRL (logits_to_keep) and our recipe (slice before the fp32 cast) score the completions;
+    OpenRLHF / DeepSpeed-Chat cast every position's logits and slice afterwards."""
+    assert losses.scored_tokens("hf", "grpo", 4096, 1024) == 1024
+    assert losses.scored_tokens("accelerate", "grpo", 4096, 1024) == 1024
+    assert losses.scored_tokens("deepspeed", "grpo", 4096, 1024) == 4096
+    assert losses.scored_tokens("hf", "dpo", 4096, 0) == 4096
+    from zerofit.memory.estimate import TrainSetup, estimate_memory
+
+    def peak(stack):
+        return estimate_memory(QWEN25_7B, TrainSetup(
+            stage=3, world_size=8, workload="grpo", seq_len=2048, completion_len=512,
+            micro_batch=4, stack=stack, gradient_checkpointing=True)).phases["forward"]
+
+    extra = peak("deepspeed") - peak("hf")
+    whole, completions = 4 * 2048, 4 * 512
+    assert extra == losses.train_loss_bytes("hf", QWEN25_7B, 2, whole) - losses.train_loss_bytes(
+        "hf", QWEN25_7B, 2, completions)

@@ -153,8 +153,7 @@ def estimate_memory(model, setup: TrainSetup) -> MemoryEstimate:
     # dpo: TRL concatenates chosen + rejected into one forward (DPOTrainer concatenated inputs)
     seqs = s.micro_batch * (2 if s.workload == "dpo" else 1)
     tokens = seqs * s.seq_len
-    # grpo scores only completion tokens (logits_to_keep); sft/dpo score every position
-    logit_tokens = seqs * s.completion_len if s.workload == "grpo" else tokens
+    logit_tokens = losses.scored_tokens(s.stack, s.workload, tokens, seqs * s.completion_len)
     path = losses.loss_path(s.stack, s.workload, s.loss_kernel)
     optimizer = s.optimizer_impl
 

@@ -67,6 +67,22 @@ def loss_path(stack: str, workload: str, loss_kernel: str) -> str:
     return "hf"
 
 
+def scored_tokens(stack: str, workload: str, tokens: int, completion_tokens: int) -> int:
+    """Tokens whose vocabulary-wide logits the loss path materialises.
+
+    SFT and DPO score every position. GRPO scores the completions only where the code slices
+    before the LM head: TRL's GRPOTrainer passes ``logits_to_keep`` (completion + 1) to the model,
+    and our recipe (``recipes/grpo.py:token_logprobs``) slices the completion before the fp32
+    cast. A loop on DeepSpeed's own engine scores the whole sequence: OpenRLHF's
+    ``openrlhf/models/actor.py:Actor.forward`` casts ``output["logits"]`` of every position to
+    fp32 before ``log_probs_from_logits`` and keeps the last ``num_actions`` only afterwards, as
+    DeepSpeed-Chat's ``gather_log_probs(logits[:, :-1, :], seq[:, 1:])`` does.
+    """
+    if workload != "grpo" or stack == "deepspeed":
+        return tokens
+    return completion_tokens
+
+
 def liger_chunk_rows(tokens: int, model) -> int:
     """Rows of one Liger logits tile: next_pow2(ceil(BT / ceil(V / H))), at most BT."""
     inc = math.ceil(model.vocab_size / model.hidden_size)
