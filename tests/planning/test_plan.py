@@ -126,3 +126,16 @@ def test_plan_and_estimate_give_one_verdict():
     e = build_estimate(a)
     assert p.fits == e["fits"] is False and e["fits_gpu"] and not e["fits_host"]
     assert p.gpu_need_gib == pytest.approx(e["gpu_need_gib"], abs=0.01)
+
+
+@pytest.mark.parametrize("offload, expected", [("none", "adamw_torch"), ("cpu", "ds_cpu_adam")])
+def test_optimizer_block_is_estimated_as_the_optimizer_deepspeed_builds(offload, expected):
+    """`--optimizer-block` writes torch_adam without offload: DeepSpeed steps torch AdamW
+    (foreach), not FusedAdam; with offload, DeepSpeedCPUAdam."""
+    from zerofit.planning.planner import make_setup
+
+    answers = Answers(optimizer_block=True, stack="deepspeed")
+    setup = make_setup(answers, "bf16", 2, offload, "none", False, 1, 1)
+    assert setup.optimizer_impl == expected
+    assert make_setup(Answers(stack="deepspeed"), "bf16", 2, "none", "none", False, 1,
+                      1).optimizer_impl == "ds_fused_adam"

@@ -100,13 +100,20 @@ def make_setup(answers: Answers, precision: str, stage: int, offload_optimizer: 
                seq_len: int | None = None) -> TrainSetup:
     """The memory model's view of one candidate configuration."""
     from zerofit.hardware import lookup
+    optimizer = answers.optimizer
+    if optimizer is None and answers.optimizer_block and offload_optimizer == "none":
+        # zerofit's own block sets "torch_adam": true without offload
+        # (configs/deepspeed_json.py build_optimizer_block), so DeepSpeed steps torch.optim.AdamW,
+        # foreach on CUDA (deepspeed/runtime/engine.py _configure_basic_optimizer), not FusedAdam.
+        optimizer = "adamw_torch"
     return TrainSetup(stage=stage, world_size=world or answers.world_size, gpus_per_node=answers.gpus_per_node,
                       offload_optimizer=offload_optimizer, offload_param=offload_param, precision=precision,
                       gradient_checkpointing=checkpointing, micro_batch=micro, seq_len=seq_len or answers.seq_len,
                       grad_accum=accum, attention=answers.attention, workload=answers.workload,
                       num_generations=answers.num_generations, completion_len=answers.completion_len,
                       reference_model=answers.reference_model, stack=answers.stack,
-                      optimizer=answers.optimizer, loss_kernel=answers.loss_kernel,
+                      optimizer=optimizer, loss_kernel=answers.loss_kernel,
+                      ds_optimizer_block=answers.optimizer_block,
                       precompute_ref=answers.precompute_ref,
                       vllm_gpu_memory_utilization=answers.vllm_gpu_memory_utilization,
                       steps_per_generation=answers.steps_per_generation,
