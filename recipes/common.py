@@ -114,18 +114,33 @@ def read_config_file(path: str, field_names: set[str]) -> dict:
     return values
 
 
+class OneLineParser:
+    """argparse's own errors (unknown flag, missing value) as one line, like every other error."""
+
+    @staticmethod
+    def build(**kwargs):
+        import argparse
+
+        class Parser(argparse.ArgumentParser):
+            def error(self, message):
+                fail("arguments", message, f"see `{self.prog} --help`")
+
+        return Parser(**kwargs)
+
+
 def parse_args(args_class, argv, program: str, description: str):
     """Dataclass defaults < `--config file.yaml` < command-line flags (dashes or underscores)."""
     import argparse
 
     PROGRAM["name"] = program
     fields = {f.name: f for f in dataclasses.fields(args_class)}
-    pre = argparse.ArgumentParser(add_help=False)
+    pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     pre.add_argument("--config", help="YAML file of defaults; flags override it")
     known, _ = pre.parse_known_args(argv)
     from_file = read_config_file(known.config, set(fields)) if known.config else {}
 
-    parser = argparse.ArgumentParser(prog=program, description=description, parents=[pre])
+    parser = OneLineParser.build(prog=program, description=description, parents=[pre],
+                                 allow_abbrev=False)  # --max-step is a typo, not --max-steps
     for name, field in fields.items():
         flags = sorted({f"--{name}", f"--{name.replace('_', '-')}"})
         parser.add_argument(*flags, dest=name, default=None, metavar=str(field.type).upper(),
@@ -259,6 +274,21 @@ def sample_indices(step: int, num_rows: int, per_step: int, seed: int) -> list[i
     return out
 
 
+def rank_indices(step: int, num_rows: int, per_rank: int, world: int, rank: int, seed: int):
+    """This rank's rows for `step` (1-based): its slice of the step's global batch."""
+    everyone = sample_indices(step - 1, num_rows, per_rank * world, seed)
+    return everyone[rank * per_rank:(rank + 1) * per_rank]
+
+
+def micro_batches(items: list, size: int) -> list[list]:
+    return [items[i:i + size] for i in range(0, len(items), size)]
+
+
+def pad_right(rows: list[list[int]], value: int) -> torch.Tensor:
+    width = max(len(r) for r in rows)
+    return torch.tensor([r + [value] * (width - len(r)) for r in rows])
+
+
 # ----------------------------------------------------------------------------- tiny model
 TINY_CHARS = "0123456789+-*=()., "
 # role-free template: the prompt text, then the answer and EOS for assistant turns
@@ -318,8 +348,8 @@ def load_model(args: RunArgs, tokenizer):
         return build_tiny_model(tokenizer, args.seed)
     from transformers import AutoModelForCausalLM
 
-    try:
-        return AutoModelForCausalLM.from_pretrained(args.model)
+    try:  # fp32 master weights; DeepSpeed/autocast compute in the config's bf16/fp16
+        return AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
     except Exception as e:
         fail("model", f"cannot load a causal LM from {args.model!r}: {first_line(e)}",
              "pass a local model directory (config.json + weights) or a hub id")
@@ -414,7 +444,8 @@ def describe_setup(accelerator, zero_stage: int) -> str:
 
 
 # ----------------------------------------------------------------------------- run directory
-ARTIFACTS = re.compile(r"^(checkpoint-\d+|\.tmp-.*|latest|latest\.tmp|metrics\.jsonl|final)$")
+ARTIFACTS = re.compile(r"^(checkpoint-\d+|\.tmp-.*|latest|latest\.tmp|metrics\.jsonl|final"
+                       r"|ref_logps\.pt|sft|dpo|grpo)$")  # the last three: tensorboard logs
 
 
 def decide_start(args: RunArgs) -> str:
@@ -444,13 +475,35 @@ def decide_start(args: RunArgs) -> str:
     return ""
 
 
+def claim_output_dir(accelerator, args: RunArgs) -> str:
+    """decide_start on every rank, then (fresh start) the main process clears old artifacts.
+    Returns the checkpoint to resume from, or ""."""
+    resume_path = decide_start(args)
+    accelerator.wait_for_everyone()  # every rank decided before the main process touches files
+    if accelerator.is_main_process and not resume_path:
+        start_fresh_directory(args.output_dir)
+    accelerator.wait_for_everyone()
+    return resume_path
+
+
+def check_resume_state(state: dict, key: str, value: int, what: str) -> None:
+    """The data order is a function of (step, rows per step): a different batch would shift it."""
+    if state.get(key) != value:
+        fail("resume_from", f"the checkpoint used {state.get(key)} {what} per step, this run {value}",
+             "resume with the same global batch (micro-batch x processes x accumulation)")
+
+
 def start_fresh_directory(output_dir: str) -> None:
     """Main process, fresh start: remove what an earlier run of a recipe left (nothing else)."""
     os.makedirs(output_dir, exist_ok=True)
     for name in os.listdir(output_dir):
         path = os.path.join(output_dir, name)
-        if ARTIFACTS.match(name):
-            shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
+        if not ARTIFACTS.match(name):
+            continue
+        if os.path.isdir(path):
+            shutil.rmtree(path)
+        else:
+            os.remove(path)
 
 
 # ----------------------------------------------------------------------------- checkpoints

@@ -256,10 +256,7 @@ def setup(args: Args) -> tuple[Run, str]:
     chunks = [slice(i * mb, (i + 1) * mb) for i in range(ga)]
     run = Run(accelerator, zero_stage, world, accelerator.process_index, local_n,
               local_n * world // group, chunks)
-    resume_path = common.decide_start(args)
-    accelerator.wait_for_everyone()  # every rank decided before the main process touches files
-    if accelerator.is_main_process and not resume_path:
-        common.start_fresh_directory(args.output_dir)
+    resume_path = common.claim_output_dir(accelerator, args)
     return run, resume_path
 
 
@@ -291,10 +288,7 @@ def resume_or_start(args: Args, run: Run, resume_path: str):
     start_step = 0
     if resume_path:
         state = common.read_checkpoint_state(resume_path)
-        if state["prompts_per_step"] != run.prompts_per_step:  # else the data order would shift
-            fail("resume_from", f"checkpoint used {state['prompts_per_step']} prompts per step, "
-                 f"this run {run.prompts_per_step}",
-                 "resume with the same global batch and num_generations")
+        common.check_resume_state(state, "prompts_per_step", run.prompts_per_step, "prompts")
         run.accelerator.load_state(resume_path)
         start_step = state["step"]
         run.accelerator.print(f"grpo: resumed from {resume_path} at step {start_step}")
