@@ -45,14 +45,14 @@ class RunArgs:
     output_dir: str = "runs/recipe"
     max_steps: int = 100
     per_device_batch_size: int = 16  # rows per micro-batch; a DeepSpeed JSON integer wins
-    gradient_accumulation_steps: int = 1  # micro-batches per optimizer step; a DeepSpeed JSON integer wins
+    gradient_accumulation_steps: int = 1  # micro-batches per step; a DeepSpeed JSON integer wins
     learning_rate: float = 1e-3
-    max_grad_norm: float = 1.0  # 0 = no clipping; fills the DeepSpeed JSON's "auto" gradient_clipping
+    max_grad_norm: float = 1.0  # 0 = no clipping; fills a DeepSpeed JSON's "auto" gradient_clipping
     gradient_checkpointing: bool = False
     save_every: int = 50  # steps between checkpoints; 0 = only the final model
     save_total_limit: int = 0  # keep only the newest N checkpoints; 0 = keep all
     resume_from: str = ""  # "latest", "auto" (latest if any, else start) or a checkpoint directory
-    overwrite: bool = False  # start over in a non-empty --output-dir (deletes its checkpoints/metrics)
+    overwrite: bool = False  # start over in a non-empty --output-dir (deletes old checkpoints)
     seed: int = 0
 
 
@@ -61,7 +61,7 @@ FALSE_WORDS = ("0", "false", "no", "off")
 
 
 def convert_value(name: str, value, type_name: str, source: str):
-    """One argument value (from YAML or the command line) as the field's type, or a one-line error."""
+    """One argument value (YAML or command line) as the field's type, or a one-line error."""
     if value is None:
         fail(name, f"{source} gives null", f"give {name} a {type_name} value or leave it out")
     if isinstance(value, (list, dict)):
@@ -107,7 +107,8 @@ def read_config_file(path: str, field_names: set[str]) -> dict:
     if values is None:
         return {}
     if not isinstance(values, dict):
-        fail("config", f"{path} holds a {type(values).__name__}, not key: value lines", "write `key: value` lines")
+        fail("config", f"{path} holds a {type(values).__name__}, not key: value lines",
+             "write `key: value` lines")
     unknown = set(values) - field_names
     if unknown:
         fail("config", f"unknown keys {sorted(unknown)} in {path}", "use the names in `--help`")
@@ -183,13 +184,15 @@ def check_run_args(args: RunArgs) -> None:
     check_at_least(args, 0, "save_every", "save_total_limit")
     check_positive_float(args, "learning_rate")
     if args.max_grad_norm < 0:
-        fail("max_grad_norm", f"{args.max_grad_norm} is negative", "use 0 (no clipping) or a positive norm")
+        fail("max_grad_norm", f"{args.max_grad_norm} is negative",
+             "use 0 (no clipping) or a positive norm")
     if not args.output_dir:
         fail("output_dir", "is empty", "pass --output-dir DIR")
     if os.path.exists(args.output_dir) and not os.path.isdir(args.output_dir):
         fail("output_dir", f"{args.output_dir} is a file, not a directory", "pass a directory path")
     if args.resume_from and args.overwrite:
-        fail("overwrite", "--overwrite and --resume-from contradict each other", "pass only one of them")
+        fail("overwrite", "--overwrite and --resume-from contradict each other",
+             "pass only one of them")
 
 
 # ----------------------------------------------------------------------------- data files
@@ -212,9 +215,10 @@ def read_rows(dataset: str, split: str) -> list[dict]:
              "pass a .jsonl/.json file or `pip install datasets`")
     try:
         return list(datasets.load_dataset(dataset, split=split))
-    except Exception as e:  # network, unknown name, bad split: all end here with the library's words
+    except Exception as e:  # network, unknown name, bad split: one line in the library's words
         first = str(e).splitlines()[0] if str(e) else type(e).__name__
-        fail("dataset", f"cannot load {dataset!r} split {split!r}: {first}", "check the name and split")
+        fail("dataset", f"cannot load {dataset!r} split {split!r}: {first}",
+             "check the name and split")
 
 
 def read_json_rows(path: str) -> list[dict]:
@@ -236,7 +240,8 @@ def read_json_rows(path: str) -> list[dict]:
         try:
             rows.append(json.loads(line))
         except json.JSONDecodeError as e:
-            fail("dataset", f"{path} line {number} is not JSON ({e.msg})", "one JSON object per line")
+            fail("dataset", f"{path} line {number} is not JSON ({e.msg})",
+                 "one JSON object per line")
     return rows
 
 
@@ -261,7 +266,7 @@ def check_rows(rows: list, fields: tuple[str, ...], where: str) -> None:
 def sample_indices(step: int, num_rows: int, per_step: int, seed: int) -> list[int]:
     """Rows used at `step`: a fixed function of the step, so a resumed run sees the same order.
 
-    >>> sample_indices(0, 4, 3, seed=0) + sample_indices(1, 4, 3, seed=0) == sample_indices(0, 4, 6, 0)
+    >>> sample_indices(0, 4, 3, 0) + sample_indices(1, 4, 3, 0) == sample_indices(0, 4, 6, 0)
     True
     """
     out, perms = [], {}
@@ -304,7 +309,8 @@ def build_tiny_tokenizer():
     from transformers import PreTrainedTokenizerFast
 
     vocab = {t: i for i, t in enumerate(["<pad>", "<eos>", "<unk>", *TINY_CHARS])}
-    core = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))  # no merges: 1 char = 1 token
+    # no merges: one token per character
+    core = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
     core.decoder = decoders.Fuse()
     tok = PreTrainedTokenizerFast(tokenizer_object=core, pad_token="<pad>", eos_token="<eos>",
                                   unk_token="<unk>")
@@ -362,7 +368,8 @@ def check_model_path(model: str) -> None:
     elif os.path.exists(model):
         fail("model", f"{model} is a file, not a model directory", "pass the directory holding it")
     elif looks_like_path(model):
-        fail("model", f"no such directory {model}", "check the path, or give a hub id like org/name")
+        fail("model", f"no such directory {model}",
+             "check the path, or give a hub id like org/name")
 
 
 def first_line(error: Exception) -> str:
@@ -411,7 +418,7 @@ DEEPSPEED_OWNED = (("train_micro_batch_size_per_gpu", "per_device_batch_size"),
 
 
 def reconcile_with_deepspeed(args: RunArgs, cfg: dict, accelerator) -> None:
-    """A number in the JSON wins over the flag (said once when they differ); "auto" takes the flag."""
+    """A number in the JSON wins over the flag (said when they differ); "auto" takes the flag."""
     for key, field in DEEPSPEED_OWNED:
         flag = getattr(args, field)
         value = cfg.get(key, "auto")
@@ -489,7 +496,8 @@ def claim_output_dir(accelerator, args: RunArgs) -> str:
 def check_resume_state(state: dict, key: str, value: int, what: str) -> None:
     """The data order is a function of (step, rows per step): a different batch would shift it."""
     if state.get(key) != value:
-        fail("resume_from", f"the checkpoint used {state.get(key)} {what} per step, this run {value}",
+        fail("resume_from",
+             f"the checkpoint used {state.get(key)} {what} per step, this run {value}",
              "resume with the same global batch (micro-batch x processes x accumulation)")
 
 

@@ -1,7 +1,7 @@
 """Direct Preference Optimization (DPO) in one readable file, on accelerate + transformers + torch.
 
 Trains on `prompt`/`chosen`/`rejected` rows with the sigmoid DPO loss
-    -log sigmoid(beta * ((log pi(chosen) - log ref(chosen)) - (log pi(rejected) - log ref(rejected))))
+  -log sigmoid(beta * ((log pi(chosen) - log ref(chosen)) - (log pi(rejected) - log ref(rejected))))
 where log pi(y) sums the completion tokens' log-probs. Chosen and rejected go through the model in
 ONE concatenated forward. The frozen reference is sharded through DeepSpeed under ZeRO-3 and
 replicated otherwise, or its log-probs are computed once before training (`--precompute-ref`).

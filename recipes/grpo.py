@@ -148,7 +148,7 @@ def parse_rewards(args: Args) -> tuple[list[str], list[float]]:
 
 # ----------------------------------------------------------------------------- data
 def toy_rows() -> list[dict]:
-    """The embedded verifiable task: all 100 single-digit sums, e.g. {"prompt": "3+4=", "answer": "7"}."""
+    """The embedded task: all 100 single-digit sums, e.g. {"prompt": "3+4=", "answer": "7"}."""
     return [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a in range(10) for b in range(10)]
 
 
@@ -246,7 +246,9 @@ def setup(args: Args) -> tuple[Run, str]:
     """Accelerator + batch arithmetic + output directory; returns (run, checkpoint to resume)."""
     accelerator, zero_stage = common.build_accelerator(args, "grpo")
     world = accelerator.num_processes
-    mb, ga, group = args.per_device_batch_size, args.gradient_accumulation_steps, args.num_generations
+    mb = args.per_device_batch_size
+    ga = args.gradient_accumulation_steps
+    group = args.num_generations
     local_n = mb * ga
     if (local_n * world) % group:
         fail("num_generations", f"per_device_batch_size {mb} x processes {world} x "

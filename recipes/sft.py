@@ -98,7 +98,8 @@ def split_prompt_completion(tok, row: dict) -> tuple[str, str, bool]:
     if not tok.chat_template:
         fail("messages", "rows use `messages` but the tokenizer has no chat template",
              "use prompt/completion rows or a model whose tokenizer has a chat template")
-    prompt = tok.apply_chat_template(row["messages"][:-1], tokenize=False, add_generation_prompt=True)
+    prompt = tok.apply_chat_template(row["messages"][:-1], tokenize=False,
+                                     add_generation_prompt=True)
     full = tok.apply_chat_template(row["messages"], tokenize=False)
     if not full.startswith(prompt):
         fail("messages", "the chat template renders the prompt differently inside the full "
@@ -107,7 +108,7 @@ def split_prompt_completion(tok, row: dict) -> tuple[str, str, bool]:
 
 
 def tokenize_row(tok, row: dict, max_seq_len: int) -> tuple[list[int], list[int]]:
-    """(input ids, labels): labels are IGNORE on prompt tokens, so only the completion is learned."""
+    """(input ids, labels): labels are IGNORE on prompt tokens: only the completion is learned."""
     prompt, completion, add_eos = split_prompt_completion(tok, row)
     prompt_ids = tok(prompt, add_special_tokens=True).input_ids
     completion_ids = tok(completion, add_special_tokens=False).input_ids
@@ -118,7 +119,7 @@ def tokenize_row(tok, row: dict, max_seq_len: int) -> tuple[list[int], list[int]
     return ids, labels
 
 
-def pack(examples: list[tuple[list[int], list[int]]], block: int) -> list[tuple[list[int], list[int]]]:
+def pack(examples: list[tuple], block: int) -> list[tuple[list[int], list[int]]]:
     """Concatenate examples and cut the stream into blocks of `block` tokens (the tail is dropped).
 
     Examples in a block attend to each other (no per-example mask); the loss stays on
@@ -132,7 +133,11 @@ def pack(examples: list[tuple[list[int], list[int]]], block: int) -> list[tuple[
         ids.extend(example_ids)
         labels.extend(example_labels)
     count = len(ids) // block
-    return [(ids[i * block:(i + 1) * block], labels[i * block:(i + 1) * block]) for i in range(count)]
+    blocks = []
+    for i in range(count):
+        window = slice(i * block, (i + 1) * block)
+        blocks.append((ids[window], labels[window]))
+    return blocks
 
 
 def build_examples(args: Args, tok, rows: list[dict]) -> list[tuple[list[int], list[int]]]:

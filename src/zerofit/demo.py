@@ -79,7 +79,8 @@ def task_accuracy(model_dir: Path) -> float:
         out = model.generate(**enc, do_sample=False, max_new_tokens=4,
                              pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
     texts = tok.batch_decode(out[:, enc.input_ids.shape[1]:])
-    right = [text.split(tok.eos_token)[0].strip() == str(a + b) for text, (a, b) in zip(texts, pairs)]
+    answers = [text.split(tok.eos_token)[0].strip() for text in texts]
+    right = [answer == str(a + b) for answer, (a, b) in zip(answers, pairs)]
     return sum(right) / len(right)
 
 
@@ -100,7 +101,8 @@ def last_rows(metrics: Path, count: int) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m zerofit.demo", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m zerofit.demo",
+                                     description=__doc__.splitlines()[0])
     parser.add_argument("--seed", type=int, default=0, help="model init and data order (default 0)")
     parser.add_argument("--sft-steps", type=int, default=SFT_STEPS)
     parser.add_argument("--grpo-steps", type=int, default=GRPO_STEPS)
@@ -117,8 +119,11 @@ def main(argv: list[str] | None = None) -> int:
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
     gpu, count = detect_local_gpus()
-    where = f"{count} x {gpu}" if gpu else "no GPU: planned for 2 x L4, run as 2 CPU processes (gloo)"
-    print(f"== zerofit demo: SFT then GRPO on a tiny random-init model, 2 processes, ZeRO-2 ({where})")
+    where = f"{count} x {gpu}"
+    if not gpu:
+        where = "no GPU: planned for 2 x L4, run as 2 CPU processes (gloo)"
+    print(f"== zerofit demo: SFT then GRPO on a tiny random-init model, 2 processes, ZeRO-2 "
+          f"({where})")
 
     save_tiny_model(out / "model", args.seed)
     for workload in ("sft", "grpo"):

@@ -20,7 +20,8 @@ RUN_LIMIT = 300  # s: generous bound for a ~15 s warm run on a busy 2-core machi
 
 def load_recipe(name: str):
     """recipes/<name>.py as a module (registered in sys.modules: dataclasses look it up there)."""
-    spec = importlib.util.spec_from_file_location(f"{name}_recipe_under_test", RECIPES / f"{name}.py")
+    path = RECIPES / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"{name}_recipe_under_test", path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
@@ -41,7 +42,7 @@ def read_metrics(out: Path) -> list[dict]:
 
 
 def write_configs(model: Path, root: Path, workload: str, global_batch: int, micro: int) -> dict:
-    """ZeRO-2, ZeRO-3 and DDP (stage 0) accelerate configs from `zerofit config`, for 2 processes."""
+    """ZeRO-2, ZeRO-3 and DDP (stage 0) configs from `zerofit config`, for 2 processes."""
     from zerofit.cli.main import main
 
     configs = {}
@@ -105,10 +106,12 @@ def reload_in_new_process(final: Path, initial: Path) -> float:
              f"a = M.from_pretrained({str(final)!r}); b = M.from_pretrained({str(initial)!r})\n"
              f"T.from_pretrained({str(final)!r})\n"
              "ref = b.state_dict()\n"
-             "d = max((p.float() - ref[n].float()).abs().max().item() for n, p in a.state_dict().items())\n"
+             "d = max((p.float() - ref[n].float()).abs().max().item()\n"
+             "        for n, p in a.state_dict().items())\n"
              "assert all(p.isfinite().all() for p in a.parameters())\n"
              "print('DIFF', d)")
-    shown = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=120)
+    shown = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True,
+                           timeout=120)
     assert shown.returncode == 0, shown.stderr[-2000:]
     return float(shown.stdout.split("DIFF")[1].split()[0])
 

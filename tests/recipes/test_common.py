@@ -33,7 +33,8 @@ BAD_FLAGS = [
     (["--num-generations", "1"], "grpo.py: num_generations: 1 leaves a group nothing to compare"),
     (["--per-device-batch-size", "0"], "grpo.py: per_device_batch_size: 0 is too small"),
     (["--max-steps", "-3"], "grpo.py: max_steps: -3 is too small"),
-    (["--gradient-accumulation-steps", "0"], "grpo.py: gradient_accumulation_steps: 0 is too small"),
+    (["--gradient-accumulation-steps", "0"],
+     "grpo.py: gradient_accumulation_steps: 0 is too small"),
     (["--max-completion-len", "0"], "grpo.py: max_completion_len: 0 is too small"),
     (["--temperature", "0"], "grpo.py: temperature: 0.0 cannot sample"),
     (["--learning-rate=-1e-3"], "grpo.py: learning_rate: -0.001 must be > 0"),
@@ -41,8 +42,10 @@ BAD_FLAGS = [
     (["--reward-weights", "1,x"], "grpo.py: reward_weights: '1,x' is not a list of numbers"),
     (["--reward-weights", "1"], "grpo.py: reward_weights: 1 weight(s) '1' for 2 reward(s)"),
     (["--rewards", "accuracy,lenght"], "grpo.py: rewards: unknown reward 'lenght'"),
-    (["--gradient-checkpointing", "maybe"], "grpo.py: gradient_checkpointing: 'maybe' from the command line is not a boolean"),
-    (["--max-steps", "2.5"], "grpo.py: max_steps: '2.5' from the command line is not a whole number"),
+    (["--gradient-checkpointing", "maybe"],
+     "grpo.py: gradient_checkpointing: 'maybe' from the command line is not a boolean"),
+    (["--max-steps", "2.5"],
+     "grpo.py: max_steps: '2.5' from the command line is not a whole number"),
     (["--loss-type", "bnpo"], "grpo.py: loss_type: 'bnpo' is not one of grpo, dapo"),
     (["--config", "missing.yaml"], "grpo.py: config: no such file missing.yaml"),
     (["--resume-from", "latest", "--overwrite", "true"], "grpo.py: overwrite: --overwrite and"),
@@ -88,7 +91,8 @@ def test_output_dir_that_is_a_file(tmp_path, capsys):
     path = tmp_path / "out"
     path.write_text("x")
     err = one_line_error(capsys, lambda: grpo.parse_args(["--output-dir", str(path)]))
-    assert err == f"grpo.py: output_dir: {path} is a file, not a directory (fix: pass a directory path)"
+    assert err == (f"grpo.py: output_dir: {path} is a file, not a directory "
+                   "(fix: pass a directory path)")
 
 
 @pytest.mark.parametrize("model,start", [
@@ -105,9 +109,11 @@ def test_model_dir_without_config(tmp_path, capsys):
     (tmp_path / "weights.bin").write_text("garbage")
     args = grpo.parse_args(["--model", str(tmp_path)])
     err = one_line_error(capsys, lambda: common.load_tokenizer(args))
-    assert err == f"grpo.py: model: {tmp_path} has no config.json (fix: pass a saved model directory)"
+    assert err == (f"grpo.py: model: {tmp_path} has no config.json "
+                   "(fix: pass a saved model directory)")
     args = grpo.parse_args(["--model", str(tmp_path / "weights.bin")])
-    assert "is a file, not a model directory" in one_line_error(capsys, lambda: common.load_tokenizer(args))
+    err = one_line_error(capsys, lambda: common.load_tokenizer(args))
+    assert "is a file, not a model directory" in err
 
 
 def test_deepspeed_integer_wins_and_is_stated(capsys):
@@ -238,7 +244,8 @@ def test_torn_metrics_line_is_dropped(tmp_path):
 
 def test_write_atomic_leaves_no_temp(tmp_path):
     common.write_atomic(str(tmp_path / "latest"), "checkpoint-2")
-    assert os.listdir(tmp_path) == ["latest"] and (tmp_path / "latest").read_text() == "checkpoint-2"
+    assert os.listdir(tmp_path) == ["latest"]
+    assert (tmp_path / "latest").read_text() == "checkpoint-2"
 
 
 def test_common_doctests():

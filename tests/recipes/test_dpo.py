@@ -23,7 +23,8 @@ def test_sigmoid_loss_rewards_and_margin_by_hand():
     loss, chosen, rejected = dpo.dpo_loss(policy_chosen, policy_rejected, ref_chosen, ref_rejected,
                                           beta=0.1)
     # -log sigmoid(z) = log(1 + exp(-z))
-    assert loss.item() == pytest.approx((math.log1p(math.exp(-0.2)) + math.log1p(math.exp(0.1))) / 2)
+    by_hand = (math.log1p(math.exp(-0.2)) + math.log1p(math.exp(0.1))) / 2
+    assert loss.item() == pytest.approx(by_hand)
     assert chosen.tolist() == pytest.approx([0.1, -0.1])
     assert rejected.tolist() == pytest.approx([-0.1, 0.0])
     margins = (chosen - rejected).tolist()
@@ -40,9 +41,11 @@ def test_policy_equal_to_reference_gives_log_2():
 def test_gradient_raises_chosen_and_lowers_rejected():
     chosen = torch.tensor([-2.0], requires_grad=True)
     rejected = torch.tensor([-2.0], requires_grad=True)
-    loss, _, _ = dpo.dpo_loss(chosen, rejected, torch.tensor([-2.0]), torch.tensor([-2.0]), beta=0.1)
+    ref = torch.tensor([-2.0])
+    loss, _, _ = dpo.dpo_loss(chosen, rejected, ref, ref, beta=0.1)
     loss.backward()
-    assert chosen.grad.item() == pytest.approx(-0.05) and rejected.grad.item() == pytest.approx(0.05)
+    assert chosen.grad.item() == pytest.approx(-0.05)  # d/dz softplus(-z) at 0, times beta
+    assert rejected.grad.item() == pytest.approx(0.05)
 
 
 def test_concatenated_batch_and_sequence_logprobs():
@@ -57,7 +60,8 @@ def test_concatenated_batch_and_sequence_logprobs():
     with torch.no_grad():
         got = dpo.sequence_logprobs(model, batch)
         logits = model(input_ids=batch["input_ids"][:1, :6]).logits
-    by_hand = logits[0, 3].log_softmax(-1)[pair["chosen"][0]] + logits[0, 4].log_softmax(-1)[tok.eos_token_id]
+    answer = logits[0, 3].log_softmax(-1)[pair["chosen"][0]]  # position 3 predicts "7"
+    by_hand = answer + logits[0, 4].log_softmax(-1)[tok.eos_token_id]
     assert got[0].item() == pytest.approx(by_hand.item(), abs=1e-5)  # padding adds nothing
 
 

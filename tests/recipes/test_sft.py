@@ -19,7 +19,7 @@ IGNORE = sft.IGNORE
 
 def test_masked_completion_loss_by_hand():
     # vocab of 3; sequence of 3 tokens -> positions 0 and 1 predict tokens 1 and 2.
-    # logits at position 0: [0, 0, 0] -> p(label 2) = 1/3; position 1: [ln 3, 0, 0] -> p(label 0) = 3/5
+    # position 0 logits [0, 0, 0] -> p(label 2) = 1/3; position 1 [ln 3, 0, 0] -> p(label 0) = 3/5
     logits = torch.tensor([[[0.0, 0.0, 0.0], [math.log(3), 0.0, 0.0], [9.0, 9.0, 9.0]]])
     labels = torch.tensor([[IGNORE, 2, 0]])  # the prompt token (position 0) takes no loss
     expected = (math.log(3) + math.log(5 / 3)) / 2
@@ -34,8 +34,8 @@ def test_loss_ignores_padding_and_matches_cross_entropy():
     torch.manual_seed(0)
     logits = torch.randn(2, 5, 7)
     labels = torch.tensor([[IGNORE, IGNORE, 3, 4, 1], [IGNORE, 2, 1, IGNORE, IGNORE]])
-    flat = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, 7), labels[:, 1:].reshape(-1),
-                                             ignore_index=IGNORE)
+    flat = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, 7),
+                                             labels[:, 1:].reshape(-1), ignore_index=IGNORE)
     assert sft.sft_loss(logits, labels).item() == pytest.approx(flat.item(), rel=1e-6)
 
 
@@ -79,7 +79,8 @@ def one_line_error(capsys, call) -> str:
 
 BAD_ROWS = [
     ([{"prompt": "a"}], "sft.py: completion: d.jsonl row 1 has no `completion`"),
-    ([{"prompt": "a", "completion": 7}], "sft.py: completion: d.jsonl row 1: `completion` is a int"),
+    ([{"prompt": "a", "completion": 7}],
+     "sft.py: completion: d.jsonl row 1: `completion` is a int"),
     ([{"messages": "hi"}], "sft.py: messages: d.jsonl row 1: `messages` is missing or not a list"),
     ([{"messages": [{"role": "user"}]}], "sft.py: messages: d.jsonl row 1: a turn lacks"),
     ([{"messages": [{"role": "user", "content": "x"}]}],
