@@ -192,14 +192,17 @@ def trl_worker(args) -> None:
                                               "step_s": sum(timed) / len(timed)}))
 
 
-def run_grpo(modes: list[str], warmup: int, steps: int, no_trl: bool) -> dict:
+def run_grpo(work: Path, modes: list[str], warmup: int, steps: int, no_trl: bool) -> dict:
     """benchmarks/grpo_throughput.py in this same invocation (its own GRPO-shaped setting)."""
+    out = work / "grpo.json"  # not stdout: libraries print warnings there
     cmd = [sys.executable, str(REPO / "benchmarks" / "grpo_throughput.py"), "--modes", *modes,
-           "--warmup", str(warmup), "--steps", str(steps)] + (["--no-trl"] if no_trl else [])
+           "--warmup", str(warmup), "--steps", str(steps), "--out", str(out)]
+    if no_trl:
+        cmd.append("--no-trl")
     res = subprocess.run(cmd, capture_output=True, text=True)
     if res.returncode != 0:
         return {"error": res.stderr[-1500:]}
-    return json.loads(res.stdout)["results"]
+    return json.loads(out.read_text())["results"]
 
 
 def main() -> int:
@@ -239,8 +242,11 @@ def main() -> int:
                 result["results"][f"{recipe}/{mode}"] = entry
                 print(f"{recipe}/{mode}: ours {ours.get('tok_s', ours)} tok/s, "
                       f"trl {trl.get('tok_s', trl)} tok/s", file=sys.stderr)
-    if "grpo" in args.recipes:
-        for mode, entry in run_grpo(modes, args.warmup, args.steps, args.no_trl).items():
+        if "grpo" in args.recipes:
+            grpo = run_grpo(work, modes, args.warmup, args.steps, args.no_trl)
+        else:
+            grpo = {}
+        for mode, entry in grpo.items():
             if isinstance(entry, dict) and "speedup" in entry:
                 entry["ours_over_trl"] = entry.pop("speedup")
             result["results"][f"grpo/{mode}"] = entry

@@ -388,13 +388,20 @@ def build_accelerator(args: RunArgs, project: str):
     from accelerate.utils import InitProcessGroupKwargs
 
     multi = int(os.environ.get("WORLD_SIZE", "1")) > 1
-    handlers = []
-    if multi and not torch.cuda.is_available():
-        handlers.append(InitProcessGroupKwargs(backend="gloo"))
+    on_cpu = multi and not torch.cuda.is_available()
+    handlers = [InitProcessGroupKwargs(backend="gloo")] if on_cpu else []
+    # A DDP (MULTI_GPU) config on a machine without GPUs: accelerate only picks MULTI_CPU (real
+    # DDP over gloo) when asked for the CPU, else every rank trains alone (state.py,
+    # AcceleratorState._prepare_backend). DeepSpeed configs bring their own distributed setup.
+    deepspeed = os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true"
     tracker = "tensorboard" if importlib.util.find_spec("tensorboard") else None
     accelerator = Accelerator(gradient_accumulation_steps=args.gradient_accumulation_steps,
                               kwargs_handlers=handlers, log_with=tracker,
-                              project_dir=args.output_dir)
+                              project_dir=args.output_dir, cpu=on_cpu and not deepspeed)
+    if multi and accelerator.distributed_type.value == "NO":
+        fail("accelerate config", f"{os.environ['WORLD_SIZE']} processes started but accelerate "
+             "set up no distributed training (each rank would train alone)",
+             "check the accelerate config's distributed_type")
     plugin = accelerator.state.deepspeed_plugin
     if plugin is None:
         return accelerator, -1
@@ -557,6 +564,9 @@ def save_checkpoint(accelerator, output_dir: str, step: int, state: dict, keep: 
     is written last and lists every file with its size, so a truncated file is detected."""
     final = os.path.join(output_dir, f"checkpoint-{step}")
     tmp = os.path.join(output_dir, f".tmp-checkpoint-{step}")
+    if accelerator.is_main_process:
+        shutil.rmtree(tmp, ignore_errors=True)  # left by a save that a crash cut short
+    accelerator.wait_for_everyone()
     accelerator.save_state(tmp)  # every rank writes its own shards + RNG state
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:

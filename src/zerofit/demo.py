@@ -26,8 +26,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 RECIPES = REPO / "recipes"
-# Chosen by trying seeds 0-4 on 2 busy CPU cores (numbers in recipes/README.md): SFT alone
-# leaves accuracy well below its ceiling, GRPO then raises it in every seed tried.
+# Chosen by trying seeds 0-4 on 2 busy CPU cores (table in recipes/README.md): SFT alone ends at
+# 22-37 % accuracy, GRPO then raises it to 47-61 % in every seed tried.
 SFT_STEPS = 40
 GRPO_STEPS = 300
 GRPO_LR = 6e-4  # lower than the recipe's default: noisy RL gradients, Adam moves every weight
