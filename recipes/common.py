@@ -7,6 +7,7 @@ format, loss and loop) stays in the recipe file; this module holds only what all
 """
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import math
@@ -115,24 +116,15 @@ def read_config_file(path: str, field_names: set[str]) -> dict:
     return values
 
 
-class OneLineParser:
+class OneLineArgumentParser(argparse.ArgumentParser):
     """argparse's own errors (unknown flag, missing value) as one line, like every other error."""
 
-    @staticmethod
-    def build(**kwargs):
-        import argparse
-
-        class Parser(argparse.ArgumentParser):
-            def error(self, message):
-                fail("arguments", message, f"see `{self.prog} --help`")
-
-        return Parser(**kwargs)
+    def error(self, message):
+        fail("arguments", message, f"see `{self.prog} --help`")
 
 
 def parse_args(args_class, argv, program: str, description: str):
     """Dataclass defaults < `--config file.yaml` < command-line flags (dashes or underscores)."""
-    import argparse
-
     PROGRAM["name"] = program
     fields = {f.name: f for f in dataclasses.fields(args_class)}
     pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
@@ -140,8 +132,8 @@ def parse_args(args_class, argv, program: str, description: str):
     known, _ = pre.parse_known_args(argv)
     from_file = read_config_file(known.config, set(fields)) if known.config else {}
 
-    parser = OneLineParser.build(prog=program, description=description, parents=[pre],
-                                 allow_abbrev=False)  # --max-step is a typo, not --max-steps
+    parser = OneLineArgumentParser(prog=program, description=description, parents=[pre],
+                                   allow_abbrev=False)  # --max-step is a typo, not --max-steps
     for name, field in fields.items():
         flags = sorted({f"--{name}", f"--{name.replace('_', '-')}"})
         parser.add_argument(*flags, dest=name, default=None, metavar=str(field.type).upper(),
