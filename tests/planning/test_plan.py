@@ -86,3 +86,11 @@ def test_more_memory_pressure_never_lowers_the_stage():
     stages = [plan(Answers(gpu="H100-SXM", gpus_per_node=8, seq_len=1024, global_batch=64), model=m).stage
               for m in (QWEN25_05B, QWEN25_7B, LLAMA31_70B)]
     assert stages == sorted(stages)
+
+
+def test_grpo_group_of_one_is_refused():
+    """A GRPO group of 1 has nothing to compare: advantages 0/NaN, so the plan is refused (13.8)."""
+    from zerofit.planning.answers import validate_answers
+
+    with pytest.raises(ZerofitError, match="num_generations"):
+        validate_answers(Answers(workload="grpo", num_generations=1))

@@ -82,6 +82,9 @@ def validate_answers(a: Answers) -> Answers:
     if a.workload == "grpo" and a.completion_len >= a.seq_len:
         raise ZerofitError("completion_len", f"{a.completion_len} leaves no room for a prompt in seq_len {a.seq_len}",
                            "raise seq_len or lower completion_len")
+    if a.workload == "grpo" and a.num_generations < 2:  # a group of 1: advantages are 0 or NaN
+        raise ZerofitError("num_generations", f"{a.num_generations} leaves a group nothing to compare",
+                           "use at least 2, e.g. 8")
     if a.global_batch is not None and a.workload == "grpo" and a.global_batch % a.num_generations:
         raise ZerofitError("global_batch", f"{a.global_batch} is not divisible by num_generations {a.num_generations}",
                            "use a multiple of num_generations")
