@@ -139,3 +139,11 @@ def test_optimizer_block_is_estimated_as_the_optimizer_deepspeed_builds(offload,
     assert setup.optimizer_impl == expected
     assert make_setup(Answers(stack="deepspeed"), "bf16", 2, "none", "none", False, 1,
                       1).optimizer_impl == "ds_fused_adam"
+
+
+def test_grpo_group_of_one_is_refused():
+    """A GRPO group of 1 has nothing to compare: advantages 0/NaN, so the plan is refused (13.8)."""
+    from zerofit.planning.answers import validate_answers
+
+    with pytest.raises(ZerofitError, match="num_generations"):
+        validate_answers(Answers(workload="grpo", num_generations=1))

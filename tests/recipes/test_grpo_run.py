@@ -2,6 +2,7 @@
 
 - ZeRO-2: a local model directory + local JSONL data, KL to a reference, rollout reused twice; the final
   HF-format model loads with `from_pretrained` in a separate process and differs from the initial weights.
+- DDP: the toy task with the embedded tiny model and format reward only; final model reloads.
 - ZeRO-3: a run SIGKILLed after a checkpoint resumes with `--resume-from latest`, ends at the same step
   with every step logged once, and replays the lost steps identically (same data order and RNG).
 
@@ -48,7 +49,7 @@ def tiny(tmp_path_factory) -> dict:
             f"m.save_pretrained({str(root / 'model')!r}); tok.save_pretrained({str(root / 'model')!r})\n"
             f"open({str(root / 'toy.jsonl')!r}, 'w').write(''.join(json.dumps(r) + '\\n' for r in grpo.toy_rows()))\n")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
-    for stage in (2, 3):
+    for stage in (0, 2, 3):  # stage 0: plain DDP (accelerate MULTI_GPU config, gloo on CPU)
         subprocess.run([str(BIN / "zerofit"), "config", "--model", str(root / "model"), "--gpu", "L4",
                         "--gpus-per-node", "2", "--workload", "grpo", "--stage", str(stage), "--global-batch", "32",
                         "--num-generations", "8", "--seq-len", "16", "--completion-len", "8", "--precision", "bf16",
@@ -94,6 +95,24 @@ def test_zero2_local_model_and_data_saves_loadable_model(tiny, tmp_path):
     assert shown.returncode == 0, shown.stderr[-2000:]
     diff, layers = shown.stdout.split("DIFF")[1].split()
     assert float(diff) > 1e-3 and layers == "2"  # trained weights, same shape
+
+
+def test_ddp_embedded_task_saves_loadable_model(tiny, tmp_path):
+    out = tmp_path / "run"
+    res = launch(tiny["root"] / "zero0" / "accelerate.yaml", out, "--max-steps", "3",
+                 "--save-every", "0", "--rewards", "format", "--reward-weights", "1")
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert "grpo: 2 process(es), ZeRO stage off, 4 prompts x 8 generations per step" \
+        in res.stdout + res.stderr
+    rows = read_metrics(out)
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert all(math.isfinite(r["loss"]) and set(r) >= {"reward/format", "tok_s"} for r in rows)
+    assert "reward/accuracy" not in rows[0]
+    check = (f"from transformers import AutoModelForCausalLM as M\n"
+             f"m = M.from_pretrained({str(out / 'final')!r})\n"
+             "assert all(p.isfinite().all() for p in m.parameters()); print('OK')")
+    shown = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=120)
+    assert shown.returncode == 0 and "OK" in shown.stdout, shown.stderr[-2000:]
 
 
 def test_zero3_sigkill_then_resume_latest(tiny, tmp_path):

@@ -109,6 +109,9 @@ def validate_answers(a: Answers) -> Answers:
     if a.loss_kernel == "trl_fused" and a.workload == "sft":
         raise ZerofitError("loss_kernel", "trl_fused is TRL's DPO/GRPO head, not an SFT loss",
                            "use --loss-kernel hf or liger for sft")
+    if a.workload == "grpo" and a.num_generations < 2:  # a group of 1: advantages are 0 or NaN
+        raise ZerofitError("num_generations", f"{a.num_generations} leaves a group nothing to compare",
+                           "use at least 2, e.g. 8")
     if a.global_batch is not None and a.workload == "grpo" and a.global_batch % a.num_generations:
         raise ZerofitError("global_batch", f"{a.global_batch} is not divisible by num_generations {a.num_generations}",
                            "use a multiple of num_generations")

@@ -1,0 +1,305 @@
+"""Direct Preference Optimization (DPO) in one readable file, on accelerate + transformers + torch.
+
+Trains on `prompt`/`chosen`/`rejected` rows with the sigmoid DPO loss
+  -log sigmoid(beta * ((log pi(chosen) - log ref(chosen)) - (log pi(rejected) - log ref(rejected))))
+where log pi(y) sums the completion tokens' log-probs. Chosen and rejected go through the model in
+ONE concatenated forward. The frozen reference is sharded through DeepSpeed under ZeRO-3 and
+replicated otherwise, or its log-probs are computed once before training (`--precompute-ref`).
+Without flags: a tiny random-init model learns to prefer "3+4=7" over "3+4=3+4" offline.
+
+    python recipes/dpo.py                                     # one process / one GPU, toy task
+    accelerate launch --config_file deepspeed_configs/accelerate/zero3.yaml --mixed_precision bf16 \\
+        recipes/dpo.py \\
+        --dataset pairs.jsonl --model runs/sft/final          # all GPUs of one node, ZeRO-3
+    accelerate launch --config_file cfg/accelerate.yaml --machine_rank $NODE_RANK \\
+        recipes/dpo.py --config my_dpo.yaml                   # on every node of a multi-node job
+    python recipes/dpo.py --resume-from latest                # continue the last checkpoint
+
+A step = per_device_batch_size x processes x gradient_accumulation_steps preference pairs.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # common.py sits beside this file
+import common  # noqa: E402
+from common import fail  # noqa: E402
+
+PROGRAM = "dpo.py"
+
+
+# ----------------------------------------------------------------------------- arguments
+@dataclasses.dataclass
+class Args(common.RunArgs):
+    output_dir: str = "runs/dpo"
+    max_steps: int = 100
+    per_device_batch_size: int = 8  # preference pairs per micro-batch (2x sequences)
+    learning_rate: float = 1e-3  # high on purpose for the tiny default model; ~5e-7 for real ones
+    beta: float = 0.1  # strength of the pull towards the reference (DPO's temperature)
+    max_prompt_len: int = 64  # longer prompts keep their end
+    max_completion_len: int = 64  # longer chosen/rejected texts are cut at the end
+    precompute_ref: bool = False  # reference log-probs once up front; no reference model in memory
+
+
+def parse_args(argv=None) -> Args:
+    """Dataclass defaults < `--config file.yaml` < command-line flags; then every value checked."""
+    args = common.parse_args(Args, argv, PROGRAM, __doc__.splitlines()[0])
+    common.check_run_args(args)
+    common.check_positive_float(args, "beta")
+    common.check_at_least(args, 1, "max_prompt_len", "max_completion_len")
+    return args
+
+
+# ----------------------------------------------------------------------------- data
+def toy_rows() -> list[dict]:
+    """The embedded task: single-digit sums, the answer preferred over echoing the question."""
+    rows = []
+    for a in range(10):
+        for b in range(10):
+            rows.append({"prompt": f"{a}+{b}=", "chosen": str(a + b), "rejected": f"{a}+{b}"})
+    return rows
+
+
+def load_rows(args: Args) -> list[dict]:
+    if not args.dataset:
+        return toy_rows()
+    rows = common.read_rows(args.dataset, args.dataset_split)
+    common.check_rows(rows, ("prompt", "chosen", "rejected"), args.dataset)
+    return rows
+
+
+def tokenize_pair(tok, row: dict, args: Args) -> dict:
+    """Token ids of the prompt (its end kept) and of each answer + EOS (its start kept)."""
+    prompt = tok(row["prompt"], add_special_tokens=True).input_ids[-args.max_prompt_len:]
+    answers = {}
+    for side in ("chosen", "rejected"):
+        ids = tok(row[side], add_special_tokens=False).input_ids + [tok.eos_token_id]
+        answers[side] = ids[:args.max_completion_len]
+    return {"prompt": prompt, **answers}
+
+
+def collate_pairs(pairs: list[dict], pad_id: int, device) -> dict:
+    """[chosen 1..B, rejected 1..B] as one right-padded batch; `mask` marks answer tokens."""
+    sequences, masks = [], []
+    for side in ("chosen", "rejected"):
+        for pair in pairs:
+            sequences.append(pair["prompt"] + pair[side])
+            masks.append([0] * len(pair["prompt"]) + [1] * len(pair[side]))
+    return {"input_ids": common.pad_right(sequences, pad_id).to(device),
+            "attention_mask": common.pad_right([[1] * len(s) for s in sequences], 0).to(device),
+            "answer_mask": common.pad_right(masks, 0).to(device)}
+
+
+# ----------------------------------------------------------------------------- loss
+def sequence_logprobs(model, batch: dict) -> torch.Tensor:
+    """Sum of the answer tokens' log-probs per sequence, [2B]."""
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                   use_cache=False).logits[:, :-1].float()
+    targets = batch["input_ids"][:, 1:]
+    per_token = torch.gather(logits.log_softmax(-1), 2, targets[..., None]).squeeze(-1)
+    return (per_token * batch["answer_mask"][:, 1:]).sum(1)
+
+
+def dpo_loss(policy_chosen, policy_rejected, ref_chosen, ref_rejected, beta: float):
+    """Sigmoid DPO loss (mean over pairs) and the implicit rewards beta * (log pi - log ref).
+
+    Returns (loss, chosen_rewards, rejected_rewards); reward margin = chosen - rejected."""
+    chosen_rewards = beta * (policy_chosen - ref_chosen)
+    rejected_rewards = beta * (policy_rejected - ref_rejected)
+    loss = -torch.nn.functional.logsigmoid(chosen_rewards - rejected_rewards).mean()
+    return loss, chosen_rewards.detach(), rejected_rewards.detach()
+
+
+# ----------------------------------------------------------------------------- setup
+@dataclasses.dataclass
+class Run:
+    accelerator: object
+    zero_stage: int
+    world: int
+    rank: int
+    per_rank: int  # pairs this rank trains on per step
+    rows_per_step: int
+
+
+def setup(args: Args) -> tuple[Run, str]:
+    """Accelerator + batch arithmetic + output directory; returns (run, checkpoint to resume)."""
+    accelerator, zero_stage = common.build_accelerator(args, "dpo")
+    per_rank = args.per_device_batch_size * args.gradient_accumulation_steps
+    run = Run(accelerator, zero_stage, accelerator.num_processes, accelerator.process_index,
+              per_rank, per_rank * accelerator.num_processes)
+    return run, common.claim_output_dir(accelerator, args)
+
+
+def build_models(args: Args, run: Run, tok):
+    """Policy + optimizer (prepared) and the frozen reference (None with --precompute-ref)."""
+    from accelerate.utils import set_seed
+
+    set_seed(args.seed)
+    model = common.load_model(args, tok)
+    ref = None if args.precompute_ref else common.load_model(args, tok)
+    if args.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.learning_rate, weight_decay=0.0)
+    model, optimizer = run.accelerator.prepare(model, optimizer)
+    if ref is not None:
+        dtype = next(model.parameters()).dtype  # the policy's dtype, so rewards start at 0
+        ref = common.prepare_reference(ref, run.accelerator, run.zero_stage, dtype)
+    return model, optimizer, ref
+
+
+@torch.no_grad()
+def precompute_reference(args: Args, run: Run, model, pairs: list[dict], pad_id: int):
+    """[rows, 2] reference log-probs (chosen, rejected) from the policy before any update.
+
+    Each rank scores every world-th row, all ranks the same number of micro-batches (ZeRO-3
+    forwards are collective), then one gather puts the table together on every rank."""
+    accelerator = run.accelerator
+    mine = list(range(run.rank, len(pairs), run.world))
+    per_rank = -(-len(pairs) // run.world)  # ceil: the last ranks repeat a row to keep step
+    filler = mine[-1] if mine else 0
+    mine = mine + [filler] * (per_rank - len(mine))
+    scores = []
+    model.eval()
+    for chunk in common.micro_batches(mine, args.per_device_batch_size):
+        batch = collate_pairs([pairs[i] for i in chunk], pad_id, accelerator.device)
+        with accelerator.autocast():
+            logps = sequence_logprobs(model, batch)
+        scores.append(torch.stack(logps.chunk(2), dim=1))
+    model.train()
+    all_scores = accelerator.gather(torch.cat(scores))
+    all_rows = accelerator.gather(torch.tensor(mine, device=accelerator.device))
+    table = torch.zeros(len(pairs), 2, device=accelerator.device)
+    table[all_rows] = all_scores.float()
+    return table
+
+
+def reference_table(args: Args, run: Run, model, pairs, pad_id: int, start_step: int):
+    """--precompute-ref: computed at step 0 and kept in the run directory, so a resumed run
+    (whose policy has moved) reuses the original reference."""
+    path = os.path.join(args.output_dir, "ref_logps.pt")
+    if start_step:
+        if not os.path.isfile(path):
+            fail("resume_from", f"{path} is missing (the reference log-probs of this run)",
+                 "resume in the run directory that holds it, or start over")
+        return torch.load(path).to(run.accelerator.device)
+    table = precompute_reference(args, run, model, pairs, pad_id)
+    if run.accelerator.is_main_process:
+        torch.save(table.cpu(), path + ".tmp")
+        os.replace(path + ".tmp", path)
+    run.accelerator.wait_for_everyone()
+    return table
+
+
+def resume_or_start(args: Args, run: Run, resume_path: str):
+    """Load weights, optimizer and RNG when resuming. Returns (start step, metrics log)."""
+    start_step = 0
+    if resume_path:
+        state = common.read_checkpoint_state(resume_path)
+        common.check_resume_state(state, "rows_per_step", run.rows_per_step, "pairs")
+        run.accelerator.load_state(resume_path)
+        start_step = state["step"]
+        run.accelerator.print(f"dpo: resumed from {resume_path} at step {start_step}")
+    return start_step, common.MetricsLog(run.accelerator, args.output_dir, start_step)
+
+
+# ----------------------------------------------------------------------------- update
+def reference_logprobs(args: Args, run: Run, ref, ref_table, indices, batch):
+    """(chosen, rejected) reference log-probs of a micro-batch: from the table or the model."""
+    if ref_table is not None:
+        scores = ref_table[torch.tensor(indices, device=run.accelerator.device)]
+        return scores[:, 0], scores[:, 1]
+    with torch.no_grad(), run.accelerator.autocast():
+        return sequence_logprobs(ref, batch).chunk(2)
+
+
+def train_step(args: Args, run: Run, model, optimizer, ref, ref_table, pairs, picked, pad_id):
+    """One optimizer step over this rank's pairs; returns per-pair sums for the metrics."""
+    accelerator = run.accelerator
+    clip_here = accelerator.state.deepspeed_plugin is None and args.max_grad_norm
+    sums = torch.zeros(5, device=accelerator.device, dtype=torch.float64)
+    seen = 0
+    for chunk in common.micro_batches(picked, args.per_device_batch_size):
+        batch = collate_pairs([pairs[i] for i in chunk], pad_id, accelerator.device)
+        ref_chosen, ref_rejected = reference_logprobs(args, run, ref, ref_table, chunk, batch)
+        with accelerator.accumulate(model):
+            with accelerator.autocast():
+                policy_chosen, policy_rejected = sequence_logprobs(model, batch).chunk(2)
+            loss, chosen, rejected = dpo_loss(policy_chosen, policy_rejected, ref_chosen.float(),
+                                              ref_rejected.float(), args.beta)
+            accelerator.backward(loss)
+            if accelerator.sync_gradients and clip_here:  # DeepSpeed clips by its JSON
+                accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
+            optimizer.step()
+            optimizer.zero_grad()
+        n = len(chunk)
+        sums += torch.tensor([loss.item() * n, float(chosen.sum()), float(rejected.sum()),
+                              float((chosen > rejected).sum()), n], device=accelerator.device,
+                             dtype=torch.float64)
+        seen += int(batch["attention_mask"].sum())
+    return sums, seen
+
+
+def step_metrics(run: Run, step: int, sums: torch.Tensor, seen: int, seconds: float) -> dict:
+    """Means over every rank's pairs: loss, rewards, margin, accuracy (chosen reward higher)."""
+    accelerator = run.accelerator
+    seen_all = int(accelerator.reduce(torch.tensor([seen], device=accelerator.device), "sum"))
+    loss, chosen, rejected, correct, pairs = accelerator.reduce(sums, "sum").tolist()
+    return {"step": step, "loss": loss / pairs, "reward_chosen": chosen / pairs,
+            "reward_rejected": rejected / pairs, "reward_margin": (chosen - rejected) / pairs,
+            "reward_accuracy": correct / pairs, "tokens": seen_all, "tok_s": seen_all / seconds,
+            "step_s": seconds}
+
+
+# ----------------------------------------------------------------------------- main
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    from tqdm.auto import tqdm
+
+    rows = load_rows(args)  # data errors first: cheaper than starting processes
+    run, resume_path = setup(args)
+    tok = common.load_tokenizer(args)
+    pairs = [tokenize_pair(tok, row, args) for row in rows]
+    model, optimizer, ref = build_models(args, run, tok)
+    start_step, metrics_log = resume_or_start(args, run, resume_path)
+    ref_table = None
+    if args.precompute_ref:
+        ref_table = reference_table(args, run, model, pairs, tok.pad_token_id, start_step)
+    accelerator = run.accelerator
+    reference = "precomputed" if args.precompute_ref else "a frozen model"
+    accelerator.print(f"dpo: {common.describe_setup(accelerator, run.zero_stage)}, "
+                      f"{len(pairs)} pairs, {run.rows_per_step} per step, reference {reference}, "
+                      f"micro-batch {args.per_device_batch_size}, "
+                      f"accumulation {args.gradient_accumulation_steps}")
+    accelerator.init_trackers("dpo", config=dataclasses.asdict(args))  # tensorboard if installed
+    bar = tqdm(total=args.max_steps, initial=start_step, desc="dpo",
+               disable=not accelerator.is_main_process)
+
+    for step in range(start_step + 1, args.max_steps + 1):
+        started = time.time()
+        picked = common.rank_indices(step, len(pairs), run.per_rank, run.world, run.rank,
+                                     args.seed)
+        sums, seen = train_step(args, run, model, optimizer, ref, ref_table, pairs, picked,
+                                tok.pad_token_id)
+        metrics = step_metrics(run, step, sums, seen, time.time() - started)
+        metrics_log.write(metrics)
+        accelerator.log(metrics, step=step)
+        bar.set_postfix(loss=f"{metrics['loss']:.4f}", margin=f"{metrics['reward_margin']:.3f}",
+                        refresh=False)
+        bar.update(1)
+        if args.save_every and (step % args.save_every == 0 or step == args.max_steps):
+            state = {"step": step, "rows_per_step": run.rows_per_step,
+                     "rows_seen": step * run.rows_per_step}
+            common.save_checkpoint(accelerator, args.output_dir, step, state, args.save_total_limit)
+    bar.close()
+
+    common.save_final_model(accelerator, model, tok, args.output_dir, "dpo")
+    accelerator.end_training()
+
+
+if __name__ == "__main__":
+    main()
