@@ -133,15 +133,17 @@ RECORDER = """#!{python}
 import json, os, sys
 name = os.path.basename(sys.argv[0])
 env = {{k: os.environ.get(k) for k in ("RANK", "LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "MASTER_ADDR",
-       "MASTER_PORT", "ACCELERATE_USE_DEEPSPEED", "SLURM_NODEID")}}
+       "MASTER_PORT", "ACCELERATE_USE_DEEPSPEED", "SLURM_NODEID", "DS_ENV_FILE", "ZF_SETUP", "NCCL_SOCKET_IFNAME")}}
 with open(os.path.join(os.environ["RECORD_DIR"], f"{{name}}-{{os.getpid()}}.json"), "w") as fh:
-    json.dump({{"argv": sys.argv[1:], "env": env}}, fh)
+    json.dump({{"argv": sys.argv[1:], "env": env, "cwd": os.getcwd()}}, fh)
 """
 FAKE_SRUN = """#!/usr/bin/env bash
-# stand-in for srun: run the trailing `bash -c CMD` once per node with its SLURM_NODEID
-while [ "$1" != bash ]; do shift; done
-for i in $(seq 0 $((SLURM_NNODES - 1))); do SLURM_NODEID=$i "$@" & done
-wait
+# stand-in for srun: skip its options, run the command once per node with its SLURM_NODEID
+while [ $# -gt 0 ] && [ "${1#-}" != "$1" ]; do shift; done
+for i in $(seq 0 $((SLURM_NNODES - 1))); do SLURM_NODEID=$i SLURMD_NODENAME=fake$i "$@" & done
+status=0
+for _ in $(seq 0 $((SLURM_NNODES - 1))); do wait -n || status=$?; done
+exit $status
 """
 
 
@@ -213,15 +215,18 @@ def test_env_style_propagates_a_failed_rank(tmp_path) -> None:
 
 def test_slurm_script_values_and_per_node_expansion(fakebin, tmp_path) -> None:
     env, rec = fakebin
-    files = render_launch_files(spec(style="slurm", job_id="grpo7", script_args=("--tag", HOSTILE)))
+    files = render_launch_files(spec(style="slurm", job_id="grpo7", script_args=("--tag", HOSTILE), doctor=False))
     text = files["job.sbatch"]
     sbatch = dict(re.findall(r"^#SBATCH --([\w-]+)=(\S+)", text, re.M))
-    assert sbatch == {"job-name": "grpo7", "nodes": "2", "ntasks-per-node": "1", "gres": "gpu:8",
-                      "time": "24:00:00", "output": "logs/%x-%j.out"}
+    # the batch output lands in the working directory, which exists when the job starts (logs/ may not)
+    assert sbatch == {"job-name": "grpo7", "nodes": "2", "ntasks-per-node": "1", "cpus-per-task": "64",
+                      "gres": "gpu:8", "time": "02:00:00", "output": "%x-%j.out"}
     assert 'scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)' in text
+    # srun no longer inherits --cpus-per-task from sbatch (22.05+)
+    assert '--cpus-per-task="${SLURM_CPUS_PER_TASK:-64}"' in text
     assert "# <-- edit" in text
     run_files(files, "job.sbatch", tmp_path, dict(env, SLURM_NNODES="2", SLURM_JOB_NODELIST="gpu-a[17-18]",
-                                                 SLURM_JOB_ID="4242"))
+                                                 SLURM_JOB_ID="4242", SLURM_JOB_NAME="grpo7"))
     got = sorted(records(rec, "accelerate"), key=lambda r: r["env"]["SLURM_NODEID"])
     assert [r["argv"][r["argv"].index("--machine_rank") + 1] for r in got] == ["0", "1"]
     for r in got:
@@ -246,11 +251,14 @@ def test_deepspeed_hostfile_and_launch(fakebin, tmp_path) -> None:
              accelerate_env=(("ACCELERATE_USE_DEEPSPEED", "true"),))
     files = render_launch_files(s)
     assert files["hostfile"] == "gpu-a17 slots=8\ngpu-a18 slots=8\n"
-    assert files[".deepspeed_env"] == "ACCELERATE_USE_DEEPSPEED=true\n"
+    assert files[".deepspeed_env"] == ("TORCH_NCCL_ASYNC_ERROR_HANDLING=1\nDEEPSPEED_TIMEOUT=10\n"
+                                       "ACCELERATE_USE_DEEPSPEED=true\n")
     run_files(files, "launch.sh", tmp_path, env)
     (got,) = records(rec, "deepspeed")
-    assert got["argv"] == ["--hostfile", "hostfile", "--num_nodes", "2", "--num_gpus", "8", "--master_addr",
-                           "gpu-a17", "--master_port", "29500", "--no_local_rank", "train.py", "--lr", "1e-5"]
+    assert got["argv"] == ["--hostfile", f"{tmp_path}/hostfile", "--num_nodes", "2", "--num_gpus", "8",
+                           "--master_addr", "gpu-a17", "--master_port", "29500", "--no_local_rank", "train.py",
+                           "--lr", "1e-5"]
+    assert got["env"]["DS_ENV_FILE"] == f"{tmp_path}/.deepspeed_env"
     assert render_hostfile(spec(style="deepspeed", nodes=2)).startswith("node0 slots=8   # <-- edit")
 
 
