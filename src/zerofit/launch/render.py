@@ -145,6 +145,10 @@ def _slurm_task(spec: LaunchSpec) -> str:
         inner = build_accelerate_cmd(spec, rank, addr=addr, port=port)
     else:
         inner = build_torchrun_cmd(spec, rank, addr=addr, port=port, job_id=ShellVar('"$SLURM_JOB_ID"'))
+        # node 0 hosts the c10d store: torch guesses it from the hostname and misses an address on a
+        # second interface (elastic/rendezvous/utils.py, _matches_machine_hostname); Slurm knows
+        conf = inner.index("--rdzv_conf") + 1
+        inner[conf] = ShellVar(f'"{inner[conf]},is_host=$(( SLURM_NODEID == 0 ))"')
     words = " ".join(w if isinstance(w, ShellVar) else shlex.quote(w) for w in inner)
     resume = " ".join(shlex.quote(w) for w in spec.resume_args)
     return "; ".join([
@@ -217,7 +221,8 @@ def render_slurm(spec: LaunchSpec) -> str:
     ]
     if spec.workdir:
         lines.append(f"#SBATCH --chdir={spec.workdir}")
-    lines.append("#SBATCH --output=%x-%j.out             # in the working directory, which exists at submit")
+    lines += ["#SBATCH --output=%x-%j.out             # in the working directory, which exists at submit",
+              "#SBATCH --open-mode=append             # a requeued job adds to its output, not over it"]
     if spec.requeue:
         lines += ["#SBATCH --requeue", f"#SBATCH --signal=B:USR1@{spec.signal_seconds}"]
     lines += [
