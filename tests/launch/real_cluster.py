@@ -275,17 +275,35 @@ LogLevel ERROR
 SSH_PORT = 16822
 
 
+SSH_CLIENT_CONF = """\
+IdentityFile {key}
+Port {port}
+User root
+BatchMode yes
+StrictHostKeyChecking no
+UserKnownHostsFile /dev/null
+LogLevel ERROR
+ConnectTimeout 10
+"""
+
+
 @dataclass
 class SshHosts:
+    """The sshd pair plus a bin/ directory whose `ssh` uses the test's client config (as a user's
+    ~/.ssh/config would; root's own ~/.ssh is never touched). DeepSpeed's ssh check and pdsh both
+    run `ssh` from PATH."""
+
     hosts: Hosts
     root: Path
     key: Path
 
     @property
+    def bin_dir(self) -> Path:
+        return self.root / "bin"
+
+    @property
     def ssh_args(self) -> str:
-        """What pdsh appends to each ssh call (PDSH_SSH_ARGS_APPEND): the test key, port, no prompts."""
-        return (f"-i {self.key} -p {SSH_PORT} -o BatchMode=yes -o StrictHostKeyChecking=no "
-                "-o UserKnownHostsFile=/dev/null -o LogLevel=ERROR -o ConnectTimeout=10")
+        return f"-F {self.root / 'ssh_config'}"
 
 
 @pytest.fixture
@@ -314,6 +332,11 @@ def ssh_hosts(tmp_path_factory):
                     daemons.append(subprocess.Popen(in_ns(ns, [sshd, "-D", "-e", "-f", str(conf)]),
                                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
                 ssh = SshHosts(hosts, root, key)
+                (root / "ssh_config").write_text(SSH_CLIENT_CONF.format(key=key, port=SSH_PORT))
+                ssh.bin_dir.mkdir()
+                real_ssh = shutil.which("ssh")
+                (ssh.bin_dir / "ssh").write_text(f'#!/bin/sh\nexec {real_ssh} -F {root / "ssh_config"} "$@"\n')
+                (ssh.bin_dir / "ssh").chmod(0o755)
                 for ns, addr in zip(hosts.names, hosts.addrs):  # each sshd answers before the test starts
                     def answers() -> bool:
                         for p in daemons:

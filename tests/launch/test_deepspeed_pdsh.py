@@ -50,7 +50,7 @@ def test_deepspeed_launcher_over_pdsh_trains_on_two_hosts(ssh_hosts, tmp_path, m
 
     elsewhere = tmp_path / "elsewhere"  # launch.sh finds its hostfile and the project from anywhere
     elsewhere.mkdir()
-    env = dict(os.environ, PATH=tool_path, PDSH_SSH_ARGS_APPEND=ssh_hosts.ssh_args, PYTHONWARNINGS="ignore")
+    env = dict(os.environ, PATH=f"{ssh_hosts.bin_dir}:{tool_path}", PYTHONWARNINGS="ignore")
     env.pop("GLOO_SOCKET_IFNAME", None)
     started = time.monotonic()
     with open(tmp_path / "ds.log", "wb") as log:

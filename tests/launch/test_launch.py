@@ -220,7 +220,7 @@ def test_slurm_script_values_and_per_node_expansion(fakebin, tmp_path) -> None:
     sbatch = dict(re.findall(r"^#SBATCH --([\w-]+)=(\S+)", text, re.M))
     # the batch output lands in the working directory, which exists when the job starts (logs/ may not)
     assert sbatch == {"job-name": "grpo7", "nodes": "2", "ntasks-per-node": "1", "cpus-per-task": "64",
-                      "gres": "gpu:8", "time": "02:00:00", "output": "%x-%j.out"}
+                      "gres": "gpu:8", "time": "02:00:00", "output": "%x-%j.out", "open-mode": "append"}
     assert 'scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)' in text
     # srun no longer inherits --cpus-per-task from sbatch (22.05+)
     assert '--cpus-per-task="${SLURM_CPUS_PER_TASK:-64}"' in text
