@@ -129,7 +129,8 @@ SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
 CredType=cred/munge
-AuthInfo=socket={munge_socket}
+# cred_expire also sets how long a requeued job waits before it may start again (default 120 s)
+AuthInfo=socket={munge_socket},cred_expire=15
 StateSaveLocation={root}/state
 SlurmdSpoolDir={root}/spool-%n
 SlurmctldPidFile={root}/slurmctld.pid

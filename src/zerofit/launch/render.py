@@ -59,7 +59,9 @@ def render_prelude(spec: LaunchSpec) -> str:
     """
     lines = []
     if spec.setup:
-        lines += ["# --- environment (--setup): runs first, on every node", spec.setup, ""]
+        what = ("runs first; every node's task inherits what it exports" if spec.style == "slurm"
+                else "runs first, on every node")
+        lines += [f"# --- environment (--setup): {what}", spec.setup, ""]
     if spec.workdir:
         where = shlex.quote(spec.workdir)
         lines += ["# --- run where `zerofit launch` ran: relative paths in the commands below start here",
@@ -270,7 +272,7 @@ def render_slurm(spec: LaunchSpec) -> str:
         'wait "$srun_pid" || status=$?',
         'while kill -0 "$srun_pid" 2>/dev/null; do status=0; wait "$srun_pid" || status=$?; done',
         'if [ "$status" -ne 0 ]; then',
-        '  echo "zerofit: job $SLURM_JOB_ID failed (srun exit $status); the node that failed first:" >&2',
+        '  echo "zerofit: job $SLURM_JOB_ID failed (srun exit $status); nodes that reported a failure:" >&2',
         f'  grep -h "^zerofit: node" {node_logs} >&2 || echo "zerofit: (no node reported; see {log}/)" >&2',
         "fi",
         'exit "$status"',
