@@ -226,7 +226,9 @@ def test_cli_serve_connect_pair() -> None:
 def test_checkpoint_dir_that_does_not_exist_fails(tmp_path: Path) -> None:
     missing = gather_facts(checkpoint_dir=str(tmp_path / "ckpt-typo"), env={})
     c = check_disk(missing)
-    assert c.status == "fail" and c.detail == f"{tmp_path / 'ckpt-typo'} does not exist on this node"
+    assert (
+        c.status == "fail" and c.detail == f"{tmp_path / 'ckpt-typo'} does not exist on this node"
+    )
     assert "mkdir -p" in c.fix
     (tmp_path / "file").write_text("x")
     assert check_disk(gather_facts(checkpoint_dir=str(tmp_path / "file"), env={})).status == "fail"
@@ -236,19 +238,39 @@ def test_checkpoint_dir_that_does_not_exist_fails(tmp_path: Path) -> None:
 def test_rank_zero_must_own_the_main_address() -> None:
     other = facts(owns_main_addr=False, main_addr="10.0.0.9", resolved=["10.0.0.9"])
     c = check_main_addr(other)
-    assert c.status == "fail" and "this is node 0 (rank 0), but 10.0.0.9" in c.detail and "10.0.0.5" in c.detail
+    assert (
+        c.status == "fail"
+        and "this is node 0 (rank 0), but 10.0.0.9" in c.detail
+        and "10.0.0.5" in c.detail
+    )
     assert check_main_addr(facts(owns_main_addr=True)).status == "pass"
     assert check_main_addr(facts(owns_main_addr=False, node_rank=1, is_main=False)).status == "pass"
-    real = gather_facts(main_addr="192.0.2.1", main_port=29500, node_rank=0, env={})  # TEST-NET: never local
+    real = gather_facts(
+        main_addr="192.0.2.1", main_port=29500, node_rank=0, env={}
+    )  # TEST-NET: never local
     assert real["owns_main_addr"] is False and check_main_addr(real).status == "fail"
 
 
-@pytest.mark.parametrize("key, value", [("num_processes", "eight"), ("num_machines", 0), ("machine_rank", -1),
-                                        ("main_process_port", "29500x"), ("num_processes", True)])
+@pytest.mark.parametrize(
+    "key, value",
+    [
+        ("num_processes", "eight"),
+        ("num_machines", 0),
+        ("machine_rank", -1),
+        ("main_process_port", "29500x"),
+        ("num_processes", True),
+    ],
+)
 def test_bad_config_values_are_one_line_errors(tmp_path: Path, capsys, key, value) -> None:
     import yaml
-    cfg = {"num_machines": 2, "num_processes": 16, "machine_rank": 0, "main_process_ip": "127.0.0.1",
-           "main_process_port": 29500}
+
+    cfg = {
+        "num_machines": 2,
+        "num_processes": 16,
+        "machine_rank": 0,
+        "main_process_ip": "127.0.0.1",
+        "main_process_port": 29500,
+    }
     path = tmp_path / "acc.yaml"
     path.write_text(yaml.safe_dump(dict(cfg, **{key: value})))
     assert main(["doctor", "--config", str(path)]) == 2
@@ -257,15 +279,36 @@ def test_bad_config_values_are_one_line_errors(tmp_path: Path, capsys, key, valu
 
 
 def test_allocation_mode_two_nodes_on_loopback(tmp_path: Path) -> None:
-    """`--allocation`: both "nodes" report, node 0 serves the port, the other connects; all compared."""
+    """`--allocation`: both "nodes" report, node 0 serves the port, the other connects."""
     port = free_port()
-    cmd = [sys.executable, "-m", "zerofit", "doctor", "--allocation", str(tmp_path / "rep"), "--main-addr",
-           "127.0.0.1", "--main-port", str(port), "--nodes", "2", "--timeout", "60"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "zerofit",
+        "doctor",
+        "--allocation",
+        str(tmp_path / "rep"),
+        "--main-addr",
+        "127.0.0.1",
+        "--main-port",
+        str(port),
+        "--nodes",
+        "2",
+        "--timeout",
+        "60",
+    ]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
-    node0 = subprocess.Popen(cmd + ["--node-rank", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                             env=env)
+    node0 = subprocess.Popen(
+        cmd + ["--node-rank", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     try:
-        node1 = subprocess.run(cmd + ["--node-rank", "1"], capture_output=True, text=True, timeout=120, env=env)
+        node1 = subprocess.run(
+            cmd + ["--node-rank", "1"], capture_output=True, text=True, timeout=120, env=env
+        )
         out0, err0 = node0.communicate(timeout=120)
     finally:
         if node0.poll() is None:
@@ -279,8 +322,28 @@ def test_allocation_mode_two_nodes_on_loopback(tmp_path: Path) -> None:
 
 
 def test_allocation_mode_names_a_node_that_never_reports(tmp_path: Path, capsys) -> None:
-    assert main(["doctor", "--allocation", str(tmp_path), "--main-addr", "127.0.0.1", "--main-port",
-                 str(free_port()), "--nodes", "2", "--node-rank", "0", "--timeout", "2"]) == 1
+    assert (
+        main(
+            [
+                "doctor",
+                "--allocation",
+                str(tmp_path),
+                "--main-addr",
+                "127.0.0.1",
+                "--main-port",
+                str(free_port()),
+                "--nodes",
+                "2",
+                "--node-rank",
+                "0",
+                "--timeout",
+                "2",
+            ]
+        )
+        == 1
+    )
     err = capsys.readouterr().err
     assert "no node connected to port" in err and "no report from node rank(s) 1 within 2 s" in err
-    assert main(["doctor", "--allocation", str(tmp_path), "--nodes", "2"]) == 2 or os.environ.get("SLURM_NODEID")
+    assert main(["doctor", "--allocation", str(tmp_path), "--nodes", "2"]) == 2 or os.environ.get(
+        "SLURM_NODEID"
+    )

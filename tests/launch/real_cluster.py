@@ -9,6 +9,7 @@ namespaces and the files. Traffic stays on the veth pair. Every wait is bounded.
 The packages come from `make cluster-deps` (root + apt); without them, or without root, the tests
 skip and say why.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -24,7 +25,16 @@ from pathlib import Path
 import pytest
 
 IFACE = "zfeth0"  # the same interface name in both namespaces, as eth0 on real nodes
-SLURM_BINARIES = ("munged", "slurmctld", "slurmd", "sbatch", "srun", "scontrol", "squeue", "nsenter")
+SLURM_BINARIES = (
+    "munged",
+    "slurmctld",
+    "slurmd",
+    "sbatch",
+    "srun",
+    "scontrol",
+    "squeue",
+    "nsenter",
+)
 SSH_BINARIES = ("sshd", "ssh", "ssh-keygen", "pdsh", "nsenter")
 
 
@@ -34,7 +44,9 @@ def need_root_and(binaries: tuple[str, ...], what: str) -> None:
         pytest.skip(f"{what} needs root (network namespaces, daemons)")
     missing = [b for b in binaries if shutil.which(b) is None and not Path("/usr/sbin", b).exists()]
     if missing:
-        pytest.skip(f"{what}: {', '.join(missing)} not installed; run `make cluster-deps` as root (apt-get)")
+        pytest.skip(
+            f"{what}: {', '.join(missing)} not installed; run `make cluster-deps` as root (apt-get)"
+        )
 
 
 def run(cmd: list[str], timeout: float = 30, **kw) -> subprocess.CompletedProcess:
@@ -42,7 +54,7 @@ def run(cmd: list[str], timeout: float = 30, **kw) -> subprocess.CompletedProces
 
 
 def in_ns(ns: str, cmd: list[str]) -> list[str]:
-    """Run in namespace ``ns`` with nsenter: `ip netns exec` remounts /sys, which slurmd cannot use."""
+    """Run in namespace ``ns`` with nsenter (`ip netns exec` remounts /sys: slurmd fails)."""
     return ["nsenter", f"--net=/run/netns/{ns}", *cmd]
 
 
@@ -79,7 +91,8 @@ class Hosts:
 
 @contextlib.contextmanager
 def namespace_pair(tag: str, subnet: str):
-    """Namespaces ``tag``a / ``tag``b at ``subnet``.1 / .2 over veth; always removed, with what runs inside."""
+    """Namespaces ``tag``a / ``tag``b at ``subnet``.1 / .2 over veth; always removed, with
+    whatever still runs inside them."""
     names = (f"{tag}a", f"{tag}b")
     created = []
     try:
@@ -90,9 +103,13 @@ def namespace_pair(tag: str, subnet: str):
             created.append(ns)
         steps = [["link", "add", f"{tag}va", "type", "veth", "peer", "name", f"{tag}vb"]]
         for ns, dev, host in ((names[0], f"{tag}va", 1), (names[1], f"{tag}vb", 2)):
-            steps += [["link", "set", dev, "netns", ns], ["-n", ns, "link", "set", dev, "name", IFACE],
-                      ["-n", ns, "addr", "add", f"{subnet}.{host}/24", "dev", IFACE],
-                      ["-n", ns, "link", "set", IFACE, "up"], ["-n", ns, "link", "set", "lo", "up"]]
+            steps += [
+                ["link", "set", dev, "netns", ns],
+                ["-n", ns, "link", "set", dev, "name", IFACE],
+                ["-n", ns, "addr", "add", f"{subnet}.{host}/24", "dev", IFACE],
+                ["-n", ns, "link", "set", IFACE, "up"],
+                ["-n", ns, "link", "set", "lo", "up"],
+            ]
         for step in steps:
             res = run(["ip", *step])
             if res.returncode != 0:
@@ -119,7 +136,7 @@ def stop_daemons(procs: list[subprocess.Popen]) -> None:
             p.wait(timeout=10)
 
 
-# --- Slurm -------------------------------------------------------------------------------------------
+# --- Slurm ---------------------------------------------------------------------------------
 SLURM_CONF = """\
 ClusterName=zerofit
 SlurmctldHost={host}({addr0})
@@ -169,13 +186,21 @@ class SlurmCluster:
     nodes: tuple[str, str]
     env: dict = field(default_factory=dict)
 
-    def client(self, *cmd: str, env: dict | None = None, cwd: Path | None = None,
-               timeout: float = 30) -> subprocess.CompletedProcess:
-        return run(in_ns(self.hosts.names[0], list(cmd)), timeout=timeout, env=env or self.env, cwd=cwd)
+    def client(
+        self, *cmd: str, env: dict | None = None, cwd: Path | None = None, timeout: float = 30
+    ) -> subprocess.CompletedProcess:
+        return run(
+            in_ns(self.hosts.names[0], list(cmd)), timeout=timeout, env=env or self.env, cwd=cwd
+        )
 
     def sbatch(self, script: Path, env: dict, cwd: Path) -> str:
-        res = self.client("sbatch", "--parsable", str(script), env=dict(env, SLURM_CONF=self.env["SLURM_CONF"]),
-                          cwd=cwd)
+        res = self.client(
+            "sbatch",
+            "--parsable",
+            str(script),
+            env=dict(env, SLURM_CONF=self.env["SLURM_CONF"]),
+            cwd=cwd,
+        )
         assert res.returncode == 0, res.stderr
         return res.stdout.strip().split(";")[0]
 
@@ -185,8 +210,12 @@ class SlurmCluster:
         return dict(w.split("=", 1) for w in out.split() if "=" in w)
 
     def wait_state(self, job_id: str, states: tuple[str, ...], limit: float) -> dict[str, str]:
-        return wait_until(f"job {job_id} to reach {states}",
-                          lambda: (j := self.job(job_id)).get("JobState") in states and j, limit, every=0.5)
+        return wait_until(
+            f"job {job_id} to reach {states}",
+            lambda: (j := self.job(job_id)).get("JobState") in states and j,
+            limit,
+            every=0.5,
+        )
 
     def cancel_all(self) -> None:
         self.client("scancel", "--full", "--partition=zf")
@@ -198,10 +227,21 @@ def start_munged(root: Path) -> tuple[subprocess.Popen, Path]:
     key.write_bytes(os.urandom(1024))
     key.chmod(0o400)
     sock = root / "munge" / "munge.socket"
-    proc = subprocess.Popen(["munged", "-F", "--force", f"--key-file={key}", f"--socket={sock}",
-                             f"--pid-file={root / 'munge' / 'munged.pid'}", f"--log-file={root / 'munge' / 'log'}",
-                             f"--seed-file={root / 'munge' / 'seed'}", "--num-threads=2"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [
+            "munged",
+            "-F",
+            "--force",
+            f"--key-file={key}",
+            f"--socket={sock}",
+            f"--pid-file={root / 'munge' / 'munged.pid'}",
+            f"--log-file={root / 'munge' / 'log'}",
+            f"--seed-file={root / 'munge' / 'seed'}",
+            "--num-threads=2",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     wait_until("munged's socket", lambda: sock.exists() or proc.poll() is not None, 20)
     if proc.poll() is not None:
         pytest.fail(f"munged exited: {proc.stderr.read().decode()[-500:]}")
@@ -222,20 +262,41 @@ def slurm_cluster(tmp_path_factory):
             nodes = ("zfn0", "zfn1")
             host = run(["hostname", "-s"]).stdout.strip()
             conf = root / "slurm.conf"
-            conf.write_text(SLURM_CONF.format(host=host, addr0=hosts.addrs[0], addr1=hosts.addrs[1], root=root,
-                                              munge_socket=sock, node0=nodes[0], node1=nodes[1]))
-            # one stand-in "GPU" device per node, so `--gres=gpu:N` in job.sbatch is accepted as written
+            conf.write_text(
+                SLURM_CONF.format(
+                    host=host,
+                    addr0=hosts.addrs[0],
+                    addr1=hosts.addrs[1],
+                    root=root,
+                    munge_socket=sock,
+                    node0=nodes[0],
+                    node1=nodes[1],
+                )
+            )
+            # one stand-in "GPU" device per node: `--gres=gpu:N` in job.sbatch is accepted as is
             (root / "gres.conf").write_text("Name=gpu File=/dev/null\n")
             for sub in ("state", f"spool-{nodes[0]}", f"spool-{nodes[1]}"):
                 (root / sub).mkdir()
             env = dict(os.environ, SLURM_CONF=str(conf))
             logs = root / "daemons.log"
             with open(logs, "ab") as fh:
-                daemons.append(subprocess.Popen(in_ns(hosts.names[0], ["slurmctld", "-D", "-i", "-f", str(conf)]),
-                                                stdout=fh, stderr=fh, env=env))
+                daemons.append(
+                    subprocess.Popen(
+                        in_ns(hosts.names[0], ["slurmctld", "-D", "-i", "-f", str(conf)]),
+                        stdout=fh,
+                        stderr=fh,
+                        env=env,
+                    )
+                )
                 for ns, node in zip(hosts.names, nodes):
-                    daemons.append(subprocess.Popen(in_ns(ns, ["slurmd", "-D", "-f", str(conf), "-N", node]),
-                                                    stdout=fh, stderr=fh, env=env))
+                    daemons.append(
+                        subprocess.Popen(
+                            in_ns(ns, ["slurmd", "-D", "-f", str(conf), "-N", node]),
+                            stdout=fh,
+                            stderr=fh,
+                            env=env,
+                        )
+                    )
             cluster = SlurmCluster(hosts, root, nodes, env)
 
             def idle() -> bool:
@@ -249,7 +310,9 @@ def slurm_cluster(tmp_path_factory):
             yield cluster
             cluster.cancel_all()
             with contextlib.suppress(AssertionError):
-                wait_until("jobs to end", lambda: not cluster.client("squeue", "-h").stdout.strip(), 20)
+                wait_until(
+                    "jobs to end", lambda: not cluster.client("squeue", "-h").stdout.strip(), 20
+                )
         finally:
             stop_daemons(list(reversed(daemons[1:])))
             for ns in hosts.names:  # slurmstepd and job tasks left behind after their slurmd
@@ -258,7 +321,7 @@ def slurm_cluster(tmp_path_factory):
     shutil.rmtree(root, ignore_errors=True)
 
 
-# --- sshd per namespace, for pdsh -------------------------------------------------------------------
+# --- sshd per namespace, for pdsh ---------------------------------------------------------
 SSHD_CONF = """\
 Port {port}
 ListenAddress {addr}
@@ -315,7 +378,12 @@ def ssh_hosts(tmp_path_factory):
     root.chmod(0o700)
     key = root / "id_test"
     assert run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)]).returncode == 0
-    assert run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(root / "host_key")]).returncode == 0
+    assert (
+        run(
+            ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(root / "host_key")]
+        ).returncode
+        == 0
+    )
     shutil.copy(f"{key}.pub", root / "authorized_keys")
     privsep = Path("/run/sshd")  # sshd's privilege-separation directory; made only if missing
     made_privsep = not privsep.exists()
@@ -328,23 +396,37 @@ def ssh_hosts(tmp_path_factory):
                 sshd = shutil.which("sshd") or "/usr/sbin/sshd"
                 for ns, addr in zip(hosts.names, hosts.addrs):
                     conf = root / f"sshd-{addr}.conf"
-                    conf.write_text(SSHD_CONF.format(port=SSH_PORT, addr=addr, host_key=root / "host_key",
-                                                     root=root))
-                    daemons.append(subprocess.Popen(in_ns(ns, [sshd, "-D", "-e", "-f", str(conf)]),
-                                                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
+                    conf.write_text(
+                        SSHD_CONF.format(
+                            port=SSH_PORT, addr=addr, host_key=root / "host_key", root=root
+                        )
+                    )
+                    daemons.append(
+                        subprocess.Popen(
+                            in_ns(ns, [sshd, "-D", "-e", "-f", str(conf)]),
+                            stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE,
+                        )
+                    )
                 ssh = SshHosts(hosts, root, key)
                 (root / "ssh_config").write_text(SSH_CLIENT_CONF.format(key=key, port=SSH_PORT))
                 ssh.bin_dir.mkdir()
                 real_ssh = shutil.which("ssh")
-                (ssh.bin_dir / "ssh").write_text(f'#!/bin/sh\nexec {real_ssh} -F {root / "ssh_config"} "$@"\n')
+                (ssh.bin_dir / "ssh").write_text(
+                    f'#!/bin/sh\nexec {real_ssh} -F {root / "ssh_config"} "$@"\n'
+                )
                 (ssh.bin_dir / "ssh").chmod(0o755)
-                for ns, addr in zip(hosts.names, hosts.addrs):  # each sshd answers before the test starts
+                for ns, addr in zip(
+                    hosts.names, hosts.addrs
+                ):  # each sshd answers before the test starts
+
                     def answers() -> bool:
                         for p in daemons:
                             if p.poll() is not None:
                                 pytest.fail(f"sshd exited: {p.stderr.read().decode()[-800:]}")
                         cmd = ["ssh", *ssh.ssh_args.split(), f"root@{addr}", "true"]
                         return run(in_ns(hosts.names[0], cmd), timeout=20).returncode == 0
+
                     wait_until(f"sshd on {addr}", answers, 30, every=0.5)
                 yield ssh
             finally:
@@ -357,7 +439,8 @@ def ssh_hosts(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def tool_path(tmp_path_factory) -> str:
-    """PATH with the venv's launchers but not its pip `ninja` (see test_multinode.tools): torch JIT-builds
+    """PATH with the venv's launchers but not its pip `ninja` (see test_multinode.tools): torch
+    JIT-builds
     DeepSpeed's shm op with whichever ninja is first on PATH, and switching rebuilds it (~50 s)."""
     bin_dir = tmp_path_factory.mktemp("bin")
     names = ["accelerate", "torchrun", "deepspeed"]

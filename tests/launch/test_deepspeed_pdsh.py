@@ -9,6 +9,7 @@ directory.
 
 Run: .venv/bin/python -m pytest tests/launch/test_deepspeed_pdsh.py -q   (root; ~1 min)
 """
+
 from __future__ import annotations
 
 import json
@@ -29,24 +30,69 @@ TRAIN = REPO / "tests" / "scripts" / "multinode_train.py"
 RUN_LIMIT = 300
 
 
-def test_deepspeed_launcher_over_pdsh_trains_on_two_hosts(ssh_hosts, tmp_path, monkeypatch, tool_path) -> None:
+def test_deepspeed_launcher_over_pdsh_trains_on_two_hosts(
+    ssh_hosts, tmp_path, monkeypatch, tool_path
+) -> None:
     (addr0, addr1), ns0 = ssh_hosts.hosts.addrs, ssh_hosts.hosts.names[0]
     project = tmp_path / "project"
     project.mkdir()
     monkeypatch.chdir(project)
-    assert main(["config", "--model", "qwen2.5-0.5b", "--gpu", "H100-SXM", "--gpus-per-node", "1", "--nodes", "2",
-                 "--stage", "2", "--micro-batch", "2", "--global-batch", "4", "--main-process-port", "29544",
-                 "--out", "cfg"]) == 0
+    assert (
+        main(
+            [
+                "config",
+                "--model",
+                "qwen2.5-0.5b",
+                "--gpu",
+                "H100-SXM",
+                "--gpus-per-node",
+                "1",
+                "--nodes",
+                "2",
+                "--stage",
+                "2",
+                "--micro-batch",
+                "2",
+                "--global-batch",
+                "4",
+                "--main-process-port",
+                "29544",
+                "--out",
+                "cfg",
+            ]
+        )
+        == 0
+    )
     pwned = tmp_path / "pwned"
     hostile = f"arg $(touch {pwned})"
     notes = [hostile, "it's", f"`touch {pwned}`", 'say "hi" \\ $HOME', "tab\there"]
-    argv = ["launch", "--style", "deepspeed", "--config", "cfg/accelerate.yaml", "--hosts", f"{addr0},{addr1}",
-            "--main-addr", addr0, "--ifname", "zfeth0", "--out", "ds", "--", str(TRAIN), "--steps", "3"]
+    argv = [
+        "launch",
+        "--style",
+        "deepspeed",
+        "--config",
+        "cfg/accelerate.yaml",
+        "--hosts",
+        f"{addr0},{addr1}",
+        "--main-addr",
+        addr0,
+        "--ifname",
+        "zfeth0",
+        "--out",
+        "ds",
+        "--",
+        str(TRAIN),
+        "--steps",
+        "3",
+    ]
     for note in notes:
         argv += ["--note", note]
     assert main(argv) == 0
     env_file = (project / "ds" / ".deepspeed_env").read_text()
-    assert "GLOO_SOCKET_IFNAME=zfeth0\n" in env_file and "ACCELERATE_DEEPSPEED_CONFIG_FILE=cfg/ds_config.json\n" in env_file
+    assert (
+        "GLOO_SOCKET_IFNAME=zfeth0\n" in env_file
+        and "ACCELERATE_DEEPSPEED_CONFIG_FILE=cfg/ds_config.json\n" in env_file
+    )
 
     elsewhere = tmp_path / "elsewhere"  # launch.sh finds its hostfile and the project from anywhere
     elsewhere.mkdir()
@@ -54,8 +100,14 @@ def test_deepspeed_launcher_over_pdsh_trains_on_two_hosts(ssh_hosts, tmp_path, m
     env.pop("GLOO_SOCKET_IFNAME", None)
     started = time.monotonic()
     with open(tmp_path / "ds.log", "wb") as log:
-        proc = subprocess.Popen(in_ns(ns0, ["bash", str(project / "ds" / "launch.sh")]), stdout=log,
-                                stderr=subprocess.STDOUT, env=env, cwd=elsewhere, start_new_session=True)
+        proc = subprocess.Popen(
+            in_ns(ns0, ["bash", str(project / "ds" / "launch.sh")]),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=elsewhere,
+            start_new_session=True,
+        )
         try:
             code = proc.wait(timeout=RUN_LIMIT)
         except subprocess.TimeoutExpired:

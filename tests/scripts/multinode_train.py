@@ -24,7 +24,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--expect-world-size", type=int, default=2)
     p.add_argument("--timeout", type=float, default=60.0, help="seconds a collective waits for a lost peer")
     p.add_argument("--step-sleep", type=float, default=0.0, help="pause after each step (fault tests)")
-    p.add_argument("--note", action="append", default=[], help="any text; printed back verbatim (quoting tests)")
+    p.add_argument(
+        "--note",
+        action="append",
+        default=[],
+        help="any text; printed back verbatim (quoting tests)",
+    )
     return p.parse_args(argv)
 
 

@@ -4,6 +4,7 @@ Each start appends its arguments to OUTPUT/starts.jsonl and writes OUTPUT/latest
 exists from then on, as after a recipe's first save). Started with `--resume-from`, it exits 0 at
 once; otherwise it waits to be stopped by the time limit (at most --max-seconds).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,7 +24,10 @@ def main() -> int:
         return 0 if args.resume_from else _wait(args.max_seconds)
     os.makedirs(args.output_dir, exist_ok=True)
     with open(os.path.join(args.output_dir, "starts.jsonl"), "a") as fh:
-        fh.write(json.dumps({"argv": sys.argv[1:], "restart": os.environ.get("SLURM_RESTART_COUNT")}) + "\n")
+        fh.write(
+            json.dumps({"argv": sys.argv[1:], "restart": os.environ.get("SLURM_RESTART_COUNT")})
+            + "\n"
+        )
     with open(os.path.join(args.output_dir, "latest"), "w") as fh:
         fh.write("checkpoint-0\n")
     print(f"resume_probe: started, resume_from={args.resume_from}", flush=True)

@@ -6,6 +6,7 @@ the handshake with it), writes its report to DIR (shared storage, as a job's wor
 is), waits for every other node's report and compares them. Every node reaches the same verdict;
 node 0 prints the table. Every wait is bounded by the timeout.
 """
+
 from __future__ import annotations
 
 import json
@@ -24,13 +25,23 @@ def check_reachability(facts: dict, nodes: int, token: str, timeout: float) -> C
         return Check("reachability", "pass", "single node: nothing to reach")
     if rank == 0:
         if facts["port_problem"]:  # check_port reports it; no point listening
-            return Check("reachability", "fail", f"cannot listen on port {port}: {facts['port_problem']}",
-                         "pick another main port")
+            return Check(
+                "reachability",
+                "fail",
+                f"cannot listen on port {port}: {facts['port_problem']}",
+                "pick another main port",
+            )
         ok, message = serve(int(port), token, timeout, count=nodes - 1)
     else:
         ok, message = connect_until(addr, int(port), token, timeout)
-    fix = "" if ok else (f"check that {addr} is node 0's address on the network the nodes share and that "
-                         f"no firewall blocks port {port}")
+    fix = (
+        ""
+        if ok
+        else (
+            f"check that {addr} is node 0's address on the network the nodes share and that "
+            f"no firewall blocks port {port}"
+        )
+    )
     return Check("reachability", "pass" if ok else "fail", message, fix)
 
 
@@ -64,9 +75,16 @@ def compare_reports(reports: dict[int, dict], nodes: int, timeout: float) -> lis
     checks = []
     missing = [r for r in range(nodes) if r not in reports]
     if missing:
-        checks.append(Check("reports", "fail", f"no report from node rank(s) {', '.join(map(str, missing))} "
-                            f"within {timeout:g} s", "check that their doctor ran and that the report "
-                            "directory is on storage every node shares"))
+        checks.append(
+            Check(
+                "reports",
+                "fail",
+                f"no report from node rank(s) {', '.join(map(str, missing))} "
+                f"within {timeout:g} s",
+                "check that their doctor ran and that the report "
+                "directory is on storage every node shares",
+            )
+        )
     if 0 in reports:
         base = reports[0]["facts"]
         for rank, report in sorted(reports.items()):
@@ -76,8 +94,14 @@ def compare_reports(reports: dict[int, dict], nodes: int, timeout: float) -> lis
     gpus = {r: rep["facts"]["gpus"]["count"] for r, rep in reports.items()}
     if len(set(gpus.values())) > 1:
         listed = ", ".join(f"{reports[r]['host']} {n}" for r, n in sorted(gpus.items()))
-        checks.append(Check("gpu counts", "fail", f"nodes see different GPU counts ({listed})",
-                            "fix the allocation (--gres) or CUDA_VISIBLE_DEVICES on the odd node"))
+        checks.append(
+            Check(
+                "gpu counts",
+                "fail",
+                f"nodes see different GPU counts ({listed})",
+                "fix the allocation (--gres) or CUDA_VISIBLE_DEVICES on the odd node",
+            )
+        )
     return checks
 
 
@@ -89,20 +113,30 @@ def render_table(reports: dict[int, dict], shared: list[Check]) -> str:
         fails = [c for c in checks if c["status"] == "fail"]
         state = "ok" if not fails else f"{len(fails)} failed"
         versions = rep["facts"]["versions"]
-        lines.append(f"  rank {rank}  {rep['host']:<16} fingerprint {rep['fingerprint']}  gpus "
-                     f"{rep['facts']['gpus']['count']}  torch {versions.get('torch') or '-'}  {state}")
+        lines.append(
+            f"  rank {rank}  {rep['host']:<16} fingerprint {rep['fingerprint']}  gpus "
+            f"{rep['facts']['gpus']['count']}  torch {versions.get('torch') or '-'}  {state}"
+        )
     for rank, rep in sorted(reports.items()):
         for c in rep["checks"]:
             if c["status"] != "pass":
-                lines.append(f"{c['status'].upper():<5} {rep['host']} (rank {rank}) {c['name']}: {c['detail']}"
-                             + (f" (fix: {c['fix']})" if c["fix"] else ""))
+                lines.append(
+                    f"{c['status'].upper():<5} {rep['host']} (rank {rank}) "
+                    f"{c['name']}: {c['detail']}"
+                    + (f" (fix: {c['fix']})" if c["fix"] else "")
+                )
     for c in shared:
         if c.status != "pass":
-            lines.append(f"{c.status.upper():<5} {c.name}: {c.detail}" + (f" (fix: {c.fix})" if c.fix else ""))
+            lines.append(
+                f"{c.status.upper():<5} {c.name}: {c.detail}"
+                + (f" (fix: {c.fix})" if c.fix else "")
+            )
     return "\n".join(lines) + "\n"
 
 
-def run_allocation(facts: dict, directory: str, nodes: int, token: str, timeout: float) -> tuple[bool, str]:
+def run_allocation(
+    facts: dict, directory: str, nodes: int, token: str, timeout: float
+) -> tuple[bool, str]:
     """Check this node, prove reachability, publish the report, compare all; (ok, text to print)."""
     checks = run_checks(facts) + [check_reachability(facts, nodes, token, timeout)]
     rank, where = facts["node_rank"], Path(directory)
@@ -114,6 +148,6 @@ def run_allocation(facts: dict, directory: str, nodes: int, token: str, timeout:
         return ok, render_table(reports, shared) + ("all nodes passed\n" if ok else "FAILED\n")
     mine = [c for c in checks if c.status == "fail"]
     text = f"zerofit doctor --allocation: {facts['host']} (rank {rank}): " + (
-        "ok" if not mine else "; ".join(f"{c.name}: {c.detail}" for c in mine))
+        "ok" if not mine else "; ".join(f"{c.name}: {c.detail}" for c in mine)
+    )
     return ok, text + "\n"
-

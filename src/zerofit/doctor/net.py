@@ -72,8 +72,10 @@ def port_in_use(port: int, host: str = "") -> str | None:
     return None
 
 
-def serve(port: int, token: str, timeout: float, host: str = "", ready=None, count: int = 1) -> tuple[bool, str]:
-    """Listen on ``port`` until ``count`` clients complete the handshake or ``timeout`` seconds pass."""
+def serve(
+    port: int, token: str, timeout: float, host: str = "", ready=None, count: int = 1
+) -> tuple[bool, str]:
+    """Listen on ``port`` until ``count`` clients complete the handshake or ``timeout`` s pass."""
     deadline = time.monotonic() + timeout
     peers: list[str] = []
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as srv:
@@ -101,12 +103,17 @@ def serve(port: int, token: str, timeout: float, host: str = "", ready=None, cou
                     conn.sendall(f"OK {socket.gethostname()}\n".encode())
                     peers.append(peer[0])
                     if len(peers) >= count:
-                        return True, f"{', '.join(peers)} reached port {port} and completed the handshake"
+                        return (
+                            True,
+                            f"{', '.join(peers)} reached port {port} and completed the handshake",
+                        )
                     continue
                 conn.sendall(b"BAD-TOKEN\n")
         if peers:
-            return False, (f"only {len(peers)} of {count} nodes ({', '.join(peers)}) reached port {port} "
-                           f"within {timeout:g} s")
+            return False, (
+                f"only {len(peers)} of {count} nodes ({', '.join(peers)}) reached port {port} "
+                f"within {timeout:g} s"
+            )
         return False, f"no node connected to port {port} within {timeout:g} s"
 
 
@@ -136,7 +143,7 @@ def connect(addr: str, port: int, token: str, timeout: float) -> tuple[bool, str
 
 
 def connect_until(addr: str, port: int, token: str, timeout: float) -> tuple[bool, str]:
-    """``connect``, retried while nothing listens yet (the other node may start later), up to ``timeout``."""
+    """``connect``, retried while nothing listens yet (that node may start later)."""
     deadline = time.monotonic() + timeout
     while True:
         left = deadline - time.monotonic()

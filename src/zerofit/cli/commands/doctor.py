@@ -15,7 +15,8 @@ EXAMPLES = """examples:
   zerofit doctor --compare node0.json
   zerofit doctor --serve 29500                  # on node 0, then on node 1:
   zerofit doctor --connect 10.0.0.1:29500
-  srun --ntasks-per-node=1 zerofit doctor --allocation logs/doctor --main-addr node001 --main-port 29500
+  srun --ntasks-per-node=1 zerofit doctor --allocation logs/doctor \\
+      --main-addr node001 --main-port 29500
                                                 # every node of a Slurm job at once, compared
 """
 
@@ -33,10 +34,15 @@ def register(sub) -> None:
     p.add_argument("--need-gib", type=float, help="GiB the checkpoints need (fails below it)")
     p.add_argument("--compare", metavar="JSON", help="another node's `zerofit doctor --json` report")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
-    p.add_argument("--allocation", metavar="DIR",
-                   help="run on every node at once (one srun step): reports go to DIR on shared storage, "
-                        "node 0 serves the main port to the others, all are compared")
-    p.add_argument("--nodes", type=int, help="with --allocation: node count (default: $SLURM_NNODES)")
+    p.add_argument(
+        "--allocation",
+        metavar="DIR",
+        help="run on every node at once (one srun step): reports go to DIR on shared storage, "
+        "node 0 serves the main port to the others, all are compared",
+    )
+    p.add_argument(
+        "--nodes", type=int, help="with --allocation: node count (default: $SLURM_NNODES)"
+    )
     net = p.add_mutually_exclusive_group()
     net.add_argument("--serve", type=int, metavar="PORT", help="listen on PORT for one --connect, then exit")
     net.add_argument("--connect", metavar="ADDR:PORT", help="handshake with a --serve on another node")
@@ -94,22 +100,28 @@ def _env_int(name: str) -> int | None:
 
 
 def _fill_from_slurm(args) -> None:
-    """--allocation: this node's rank and the node count default to Slurm's SLURM_NODEID / SLURM_NNODES."""
+    """--allocation: the node's rank and the node count default to SLURM_NODEID / SLURM_NNODES."""
     if args.node_rank is None:
         args.node_rank = _env_int("SLURM_NODEID")
     if args.nodes is None:
         args.nodes = _env_int("SLURM_NNODES")
     if args.node_rank is None or args.nodes is None:
-        raise ZerofitError("allocation", "needs this node's rank and the node count",
-                           "run it inside a Slurm job step, or pass --node-rank and --nodes")
+        raise ZerofitError(
+            "allocation",
+            "needs this node's rank and the node count",
+            "run it inside a Slurm job step, or pass --node-rank and --nodes",
+        )
     if not 0 <= args.node_rank < args.nodes:
-        raise ZerofitError("node_rank", f"{args.node_rank} is not in 0..{args.nodes - 1}", "fix --node-rank")
+        raise ZerofitError(
+            "node_rank", f"{args.node_rank} is not in 0..{args.nodes - 1}", "fix --node-rank"
+        )
     if args.timeout <= 0:
         raise ZerofitError("timeout", f"{args.timeout:g} must be positive", "use e.g. --timeout 60")
 
 
 def _allocation(args, facts: dict) -> int:
     from zerofit.doctor.allocation import run_allocation
+
     ok, text = run_allocation(facts, args.allocation, args.nodes, args.token, args.timeout)
     print(text, end="", file=sys.stdout if ok else sys.stderr, flush=True)
     return 0 if ok else 1
