@@ -1,4 +1,5 @@
-"""Real cluster engines on this machine, for tests/launch: two network namespaces joined by a veth
+"""Real cluster engines on this machine, for tests/launch (imported by the test files; not a
+conftest, whose module name other test folders import): two network namespaces joined by a veth
 pair, a Slurm 22.05 cluster (one munged, slurmctld + one slurmd per namespace) and one sshd per
 namespace for DeepSpeed's pdsh launcher.
 

@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from real_cluster import in_ns
+from real_cluster import ssh_hosts, tool_path  # noqa: F401  (pytest fixtures)
 from zerofit.cli.main import main
 
 pytestmark = pytest.mark.distributed

@@ -25,6 +25,7 @@ import pytest
 import yaml
 
 from real_cluster import kill_pids, ns_pids, wait_until
+from real_cluster import slurm_cluster, tool_path  # noqa: F401  (pytest fixtures)
 from zerofit.cli.main import main
 
 pytestmark = pytest.mark.distributed
