@@ -246,23 +246,25 @@ def test_grpo_trains_on_two_nodes_and_resumes_after_preemption(
 
 
 def test_time_limit_requeues_and_restarts_with_resume(slurm_cluster, project, tool_path) -> None:
-    """A real one-minute limit: Slurm sends USR1 `--signal-seconds` before it, the job requeues."""
-    job = render_job(
-        project,
-        tool_path,
-        "--requeue",
-        "--signal-seconds",
-        "50",
-        "--time",
-        "1",
-        "--no-doctor",
-        script=[str(PROBE), "--output-dir", "probe"],
-    )
-    started = time.monotonic()
+    """A real time limit: Slurm sends USR1 `--signal-seconds` before it and the job requeues.
+
+    The job starts with a 5-minute limit; once its first start has a checkpoint (the probe wrote
+    `latest`), the limit is cut to one minute, so Slurm's own warning comes next (at most ~30 s
+    later, its check period) and always after that checkpoint, whatever the machine's load.
+    """
+    job = render_job(project, tool_path, "--requeue", "--signal-seconds", "50", "--time", "5",
+                     "--no-doctor", script=[str(PROBE), "--output-dir", "probe"])
     job_id = submit(slurm_cluster, job, project)
     try:
-        wait_requeued(slurm_cluster, job_id, JOB_LIMIT, minutes=5)  # requeued by Slurm's own signal
-        signalled = time.monotonic() - started
+        wait_until("the first start's checkpoint", lambda: (project / "probe" / "latest").exists()
+                   or slurm_cluster.job(job_id).get("JobState") not in ("RUNNING", "PENDING"),
+                   JOB_LIMIT, every=0.2)
+        assert (project / "probe" / "latest").exists(), explain(project, job_id, slurm_cluster)
+        cut = time.monotonic()
+        res = slurm_cluster.client("scontrol", "update", f"jobid={job_id}", "TimeLimit=1")
+        assert res.returncode == 0, res.stderr
+        wait_requeued(slurm_cluster, job_id, JOB_LIMIT, minutes=5)  # by Slurm's own signal
+        signalled = time.monotonic() - cut
         final = slurm_cluster.wait_state(
             job_id, ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"), JOB_LIMIT
         )
@@ -271,7 +273,7 @@ def test_time_limit_requeues_and_restarts_with_resume(slurm_cluster, project, to
     starts = [
         json.loads(line) for line in (project / "probe" / "starts.jsonl").read_text().splitlines()
     ]
-    print(f"slurm time limit: requeued by Slurm's signal {signalled:.0f} s after submit")
+    print(f"slurm time limit: requeued by Slurm's signal {signalled:.0f} s after the 1-min limit")
     assert final["JobState"] == "COMPLETED", explain(project, job_id, slurm_cluster)
     assert [s["argv"][-2:] for s in starts] == [
         ["--output-dir", "probe"],
