@@ -220,3 +220,130 @@ def test_cli_serve_connect_pair() -> None:
     fail = subprocess.run(cmd + ["--connect", f"127.0.0.1:{port}", "--timeout", "5"], capture_output=True,
                           text=True, timeout=30)
     assert fail.returncode == 1 and fail.stderr.startswith(f"FAIL  reachability  nothing listens on 127.0.0.1:{port}")
+
+
+# --- issue 13.12: what the doctor used to pass or crash on ----------------------------------------
+def test_checkpoint_dir_that_does_not_exist_fails(tmp_path: Path) -> None:
+    missing = gather_facts(checkpoint_dir=str(tmp_path / "ckpt-typo"), env={})
+    c = check_disk(missing)
+    assert (
+        c.status == "fail" and c.detail == f"{tmp_path / 'ckpt-typo'} does not exist on this node"
+    )
+    assert "mkdir -p" in c.fix
+    (tmp_path / "file").write_text("x")
+    assert check_disk(gather_facts(checkpoint_dir=str(tmp_path / "file"), env={})).status == "fail"
+    assert check_disk(gather_facts(checkpoint_dir=str(tmp_path), env={})).status in ("pass", "warn")
+
+
+def test_rank_zero_must_own_the_main_address() -> None:
+    other = facts(owns_main_addr=False, main_addr="10.0.0.9", resolved=["10.0.0.9"])
+    c = check_main_addr(other)
+    assert (
+        c.status == "fail"
+        and "this is node 0 (rank 0), but 10.0.0.9" in c.detail
+        and "10.0.0.5" in c.detail
+    )
+    assert check_main_addr(facts(owns_main_addr=True)).status == "pass"
+    assert check_main_addr(facts(owns_main_addr=False, node_rank=1, is_main=False)).status == "pass"
+    real = gather_facts(
+        main_addr="192.0.2.1", main_port=29500, node_rank=0, env={}
+    )  # TEST-NET: never local
+    assert real["owns_main_addr"] is False and check_main_addr(real).status == "fail"
+
+
+@pytest.mark.parametrize(
+    "key, value",
+    [
+        ("num_processes", "eight"),
+        ("num_machines", 0),
+        ("machine_rank", -1),
+        ("main_process_port", "29500x"),
+        ("num_processes", True),
+    ],
+)
+def test_bad_config_values_are_one_line_errors(tmp_path: Path, capsys, key, value) -> None:
+    import yaml
+
+    cfg = {
+        "num_machines": 2,
+        "num_processes": 16,
+        "machine_rank": 0,
+        "main_process_ip": "127.0.0.1",
+        "main_process_port": 29500,
+    }
+    path = tmp_path / "acc.yaml"
+    path.write_text(yaml.safe_dump(dict(cfg, **{key: value})))
+    assert main(["doctor", "--config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"zerofit: error: {key}:") and len(err.strip().splitlines()) == 1
+
+
+def test_allocation_mode_two_nodes_on_loopback(tmp_path: Path) -> None:
+    """`--allocation`: both "nodes" report, node 0 serves the port, the other connects."""
+    port = free_port()
+    cmd = [
+        sys.executable,
+        "-m",
+        "zerofit",
+        "doctor",
+        "--allocation",
+        str(tmp_path / "rep"),
+        "--main-addr",
+        "127.0.0.1",
+        "--main-port",
+        str(port),
+        "--nodes",
+        "2",
+        "--timeout",
+        "60",
+    ]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    node0 = subprocess.Popen(
+        cmd + ["--node-rank", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        node1 = subprocess.run(
+            cmd + ["--node-rank", "1"], capture_output=True, text=True, timeout=120, env=env
+        )
+        out0, err0 = node0.communicate(timeout=120)
+    finally:
+        if node0.poll() is None:
+            node0.kill()
+    assert node1.returncode == 0 and "(rank 1): ok" in node1.stdout, node1.stderr
+    assert node0.returncode == 0, err0
+    assert "2 node report(s)" in out0 and "all nodes passed" in out0 and "reachability" not in out0
+    assert sorted(p.name for p in (tmp_path / "rep").iterdir()) == ["node-0.json", "node-1.json"]
+    reached = json.loads((tmp_path / "rep" / "node-0.json").read_text())["checks"]
+    assert any(c["name"] == "reachability" and c["status"] == "pass" for c in reached)
+
+
+def test_allocation_mode_names_a_node_that_never_reports(tmp_path: Path, capsys) -> None:
+    assert (
+        main(
+            [
+                "doctor",
+                "--allocation",
+                str(tmp_path),
+                "--main-addr",
+                "127.0.0.1",
+                "--main-port",
+                str(free_port()),
+                "--nodes",
+                "2",
+                "--node-rank",
+                "0",
+                "--timeout",
+                "2",
+            ]
+        )
+        == 1
+    )
+    err = capsys.readouterr().err
+    assert "no node connected to port" in err and "no report from node rank(s) 1 within 2 s" in err
+    assert main(["doctor", "--allocation", str(tmp_path), "--nodes", "2"]) == 2 or os.environ.get(
+        "SLURM_NODEID"
+    )

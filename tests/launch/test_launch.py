@@ -7,6 +7,7 @@ Run: .venv/bin/python -m pytest tests/launch/test_launch.py -q   (~3 s)
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -18,7 +19,14 @@ import pytest
 
 from zerofit.cli.main import main
 from zerofit.errors import ZerofitError
-from zerofit.launch.commands import LaunchSpec, build_accelerate_cmd, build_rank_env, build_torchrun_cmd, validate_spec
+from zerofit.launch.commands import (
+    LaunchSpec,
+    build_accelerate_cmd,
+    build_deepspeed_cmd,
+    build_rank_env,
+    build_torchrun_cmd,
+    validate_spec,
+)
 from zerofit.launch.cluster_config import build_accelerate_env, build_spec, validate_cluster_configs
 from zerofit.launch.render import render_hostfile, render_launch_files
 
@@ -133,15 +141,18 @@ RECORDER = """#!{python}
 import json, os, sys
 name = os.path.basename(sys.argv[0])
 env = {{k: os.environ.get(k) for k in ("RANK", "LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "MASTER_ADDR",
-       "MASTER_PORT", "ACCELERATE_USE_DEEPSPEED", "SLURM_NODEID")}}
+       "MASTER_PORT", "ACCELERATE_USE_DEEPSPEED", "SLURM_NODEID", "DS_ENV_FILE", "ZF_SETUP",
+       "NCCL_SOCKET_IFNAME")}}
 with open(os.path.join(os.environ["RECORD_DIR"], f"{{name}}-{{os.getpid()}}.json"), "w") as fh:
-    json.dump({{"argv": sys.argv[1:], "env": env}}, fh)
+    json.dump({{"argv": sys.argv[1:], "env": env, "cwd": os.getcwd()}}, fh)
 """
 FAKE_SRUN = """#!/usr/bin/env bash
-# stand-in for srun: run the trailing `bash -c CMD` once per node with its SLURM_NODEID
-while [ "$1" != bash ]; do shift; done
-for i in $(seq 0 $((SLURM_NNODES - 1))); do SLURM_NODEID=$i "$@" & done
-wait
+# stand-in for srun: skip its options, run the command once per node with its SLURM_NODEID
+while [ $# -gt 0 ] && [ "${1#-}" != "$1" ]; do shift; done
+for i in $(seq 0 $((SLURM_NNODES - 1))); do SLURM_NODEID=$i SLURMD_NODENAME=fake$i "$@" & done
+status=0
+for _ in $(seq 0 $((SLURM_NNODES - 1))); do wait -n || status=$?; done
+exit $status
 """
 
 
@@ -213,15 +224,28 @@ def test_env_style_propagates_a_failed_rank(tmp_path) -> None:
 
 def test_slurm_script_values_and_per_node_expansion(fakebin, tmp_path) -> None:
     env, rec = fakebin
-    files = render_launch_files(spec(style="slurm", job_id="grpo7", script_args=("--tag", HOSTILE)))
+    files = render_launch_files(
+        spec(style="slurm", job_id="grpo7", script_args=("--tag", HOSTILE), doctor=False)
+    )
     text = files["job.sbatch"]
     sbatch = dict(re.findall(r"^#SBATCH --([\w-]+)=(\S+)", text, re.M))
-    assert sbatch == {"job-name": "grpo7", "nodes": "2", "ntasks-per-node": "1", "gres": "gpu:8",
-                      "time": "24:00:00", "output": "logs/%x-%j.out"}
+    # the batch output lands in the working directory, which exists when the job starts
+    assert sbatch == {
+        "job-name": "grpo7",
+        "nodes": "2",
+        "ntasks-per-node": "1",
+        "cpus-per-task": "64",
+        "gres": "gpu:8",
+        "time": "02:00:00",
+        "output": "%x-%j.out",
+        "open-mode": "append",
+    }
     assert 'scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)' in text
+    # srun no longer inherits --cpus-per-task from sbatch (22.05+)
+    assert '--cpus-per-task="${SLURM_CPUS_PER_TASK:-64}"' in text
     assert "# <-- edit" in text
     run_files(files, "job.sbatch", tmp_path, dict(env, SLURM_NNODES="2", SLURM_JOB_NODELIST="gpu-a[17-18]",
-                                                 SLURM_JOB_ID="4242"))
+                                                 SLURM_JOB_ID="4242", SLURM_JOB_NAME="grpo7"))
     got = sorted(records(rec, "accelerate"), key=lambda r: r["env"]["SLURM_NODEID"])
     assert [r["argv"][r["argv"].index("--machine_rank") + 1] for r in got] == ["0", "1"]
     for r in got:
@@ -246,11 +270,27 @@ def test_deepspeed_hostfile_and_launch(fakebin, tmp_path) -> None:
              accelerate_env=(("ACCELERATE_USE_DEEPSPEED", "true"),))
     files = render_launch_files(s)
     assert files["hostfile"] == "gpu-a17 slots=8\ngpu-a18 slots=8\n"
-    assert files[".deepspeed_env"] == "ACCELERATE_USE_DEEPSPEED=true\n"
+    assert files[".deepspeed_env"] == ("TORCH_NCCL_ASYNC_ERROR_HANDLING=1\nDEEPSPEED_TIMEOUT=10\n"
+                                       "ACCELERATE_USE_DEEPSPEED=true\n")
     run_files(files, "launch.sh", tmp_path, env)
     (got,) = records(rec, "deepspeed")
-    assert got["argv"] == ["--hostfile", "hostfile", "--num_nodes", "2", "--num_gpus", "8", "--master_addr",
-                           "gpu-a17", "--master_port", "29500", "--no_local_rank", "train.py", "--lr", "1e-5"]
+    assert got["argv"] == [
+        "--hostfile",
+        f"{tmp_path}/hostfile",
+        "--num_nodes",
+        "2",
+        "--num_gpus",
+        "8",
+        "--master_addr",
+        "gpu-a17",
+        "--master_port",
+        "29500",
+        "--no_local_rank",
+        "train.py",
+        "--lr",
+        "1e-5",
+    ]
+    assert got["env"]["DS_ENV_FILE"] == f"{tmp_path}/.deepspeed_env"
     assert render_hostfile(spec(style="deepspeed", nodes=2)).startswith("node0 slots=8   # <-- edit")
 
 
@@ -284,3 +324,234 @@ def test_cli_prints_without_out_and_reports_errors(tmp_path, capsys) -> None:
                  "--main-port", "99999", "--", "t.py"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("zerofit: error: main_port: 99999 is out of range") and "Traceback" not in err
+
+
+# --- issue 13.3: what reaches a remote host through DeepSpeed's pdsh runner ---------------------
+PDSH_HOSTILE = [
+    "arg $(touch {pwned})",
+    "it's",
+    "`touch {pwned}`",
+    'say "hi" \\ $HOME',
+    "a\tb",
+    "--x=$(touch {pwned})",
+    "",
+    "*",
+    "~",
+    "plain",
+]
+
+
+def remote_words(user_args: list[str], tmp_path: Path) -> list[str]:
+    """The words a remote shell sees: DeepSpeed's own PDSHRunner.parse_user_args, joined as pdsh
+    joins them, evaluated by `sh -c` (what ssh runs on the other host)."""
+    from types import SimpleNamespace
+    from deepspeed.launcher.multinode_runner import PDSHRunner
+
+    runner = PDSHRunner(SimpleNamespace(user_args=user_args, user_script="train.py"), "")
+    line = "printf '%s\\n' " + " ".join(runner.user_arguments)
+    out = subprocess.run(
+        ["sh", "-c", line], capture_output=True, text=True, cwd=tmp_path, timeout=10
+    )
+    return out.stdout.split("\n")[:-1]
+
+
+def test_pdsh_args_arrive_verbatim_and_run_nothing(tmp_path) -> None:
+    pwned = tmp_path / "pwned"
+    args = [a.format(pwned=pwned) for a in PDSH_HOSTILE]
+    s = spec(
+        style="deepspeed", hostnames=("a", "b"), script="my dir/train.py", script_args=tuple(args)
+    )
+    cmd = build_deepspeed_cmd(s)
+    assert cmd[cmd.index("--no_local_rank") + 1] == "'my dir/train.py'"  # joined raw by DeepSpeed
+    assert remote_words(cmd[cmd.index("--no_local_rank") + 2 :], tmp_path) == args
+    assert not pwned.exists()
+    # what DeepSpeed alone does with the same words: the remote shell runs the command substitution
+    remote_words([args[0]], tmp_path)
+    assert pwned.exists()
+
+
+def test_deepspeed_env_holds_what_remote_ranks_need_and_refuses_what_it_cannot_carry(
+    tmp_path,
+) -> None:
+    from types import SimpleNamespace
+    from deepspeed.launcher.multinode_runner import PDSHRunner
+
+    s = spec(
+        style="deepspeed",
+        hostnames=("a", "b"),
+        extra_env=(("GLOO_SOCKET_IFNAME", "eth1"), ("NOTE", "two words, 100% ok")),
+    )
+    text = render_launch_files(s)[".deepspeed_env"]
+    assert "TORCH_NCCL_ASYNC_ERROR_HANDLING=1\n" in text and "GLOO_SOCKET_IFNAME=eth1\n" in text
+    runner = PDSHRunner(SimpleNamespace(user_args=[], user_script="t.py"), "")
+    for line in text.splitlines():  # as deepspeed/launcher/runner.py main reads the file
+        key, val = line.split("=", maxsplit=1)
+        runner.add_export(key, val)
+    exports = "".join(f"export {k}={v}; " for k, v in runner.exports.items())
+    got = subprocess.run(
+        ["sh", "-c", exports + 'printf "%s|%s" "$GLOO_SOCKET_IFNAME" "$NOTE"'],
+        capture_output=True,
+        text=True,
+        timeout=10,
+    ).stdout
+    assert got == "eth1|two words, 100% ok"
+    for bad in ("$(id)", "a`b`", 'x"y', "back\\slash", " padded"):
+        with pytest.raises(ZerofitError, match=".deepspeed_env cannot carry"):
+            spec(style="deepspeed", hostnames=("a", "b"), extra_env=(("X", bad),))
+
+
+# --- issue 13.4: the generated files work from any directory --------------------------------------
+def test_generated_files_run_from_another_directory(fakebin, tmp_path, monkeypatch) -> None:
+    env, rec = fakebin
+    project, elsewhere = tmp_path / "project", tmp_path / "elsewhere"
+    (project / "cfg").mkdir(parents=True)
+    elsewhere.mkdir()
+    import yaml
+
+    (project / "cfg" / "accelerate.yaml").write_text(yaml.safe_dump(DS_CFG))
+    (project / "ds_config.json").write_text("{}")
+    monkeypatch.chdir(project)
+    for style in ("accelerate", "deepspeed"):
+        assert (
+            main(
+                [
+                    "launch",
+                    "--config",
+                    "cfg/accelerate.yaml",
+                    "--style",
+                    style,
+                    "--hosts",
+                    "h0,h1",
+                    "--out",
+                    style,
+                    "--",
+                    "train.py",
+                    "--output-dir",
+                    "run",
+                ]
+            )
+            == 0
+        )
+    for script in ("accelerate/node1.sh", "deepspeed/launch.sh"):
+        subprocess.run(
+            ["bash", str(project / script)], env=env, cwd=elsewhere, check=True, timeout=30
+        )
+    (acc,), (ds,) = records(rec, "accelerate"), records(rec, "deepspeed")
+    assert acc["cwd"] == ds["cwd"] == str(project)  # relative script, config and --output-dir hold
+    assert acc["argv"][acc["argv"].index("--config_file") + 1] == "cfg/accelerate.yaml"
+    assert ds["argv"][ds["argv"].index("--hostfile") + 1] == str(project / "deepspeed" / "hostfile")
+    assert ds["env"]["DS_ENV_FILE"] == str(project / "deepspeed" / ".deepspeed_env")
+
+
+# --- issue 13.6: Slurm script traps ---------------------------------------------------------------
+def test_slurm_setup_hook_workdir_requeue_and_doctor(fakebin, tmp_path) -> None:
+    env, rec = fakebin
+    s = spec(
+        style="slurm",
+        workdir=str(tmp_path),
+        setup="export ZF_SETUP=ran",
+        requeue=True,
+        signal_seconds=90,
+        time_limit="45",
+        cpus_per_node=12,
+        doctor=False,
+        script_args=("--output-dir", "run"),
+    )
+    text = render_launch_files(s)["job.sbatch"]
+    sbatch = dict(re.findall(r"^#SBATCH --([\w-]+)=?(\S*)", text, re.M))
+    assert (
+        sbatch["chdir"] == str(tmp_path)
+        and sbatch["time"] == "45"
+        and sbatch["cpus-per-task"] == "12"
+    )
+    assert sbatch["requeue"] == "" and sbatch["signal"] == "B:USR1@90"
+    assert "mkdir -p logs && sbatch" not in text  # the hint matches the paths the script uses
+    assert text.index("export ZF_SETUP=ran") < text.index("srun")
+    base = dict(
+        env,
+        SLURM_NNODES="2",
+        SLURM_JOB_NODELIST="n[1-2]",
+        SLURM_JOB_ID="7",
+        SLURM_JOB_NAME="zerofit",
+    )
+    run_files({"job.sbatch": text}, "job.sbatch", tmp_path, base)
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "latest").write_text(
+        "checkpoint-4"
+    )  # a checkpoint exists: the next start resumes
+    run_files({"job.sbatch": text}, "job.sbatch", tmp_path, dict(base, SLURM_RESTART_COUNT="1"))
+    got = records(rec, "accelerate")
+    fresh = [r for r in got if "--resume-from" not in r["argv"]]
+    resumed = [r for r in got if r["argv"][-2:] == ["--resume-from", "latest"]]
+    assert len(fresh) == len(resumed) == 2
+    assert all(r["env"]["ZF_SETUP"] == "ran" for r in got)
+    doctor = render_launch_files(dataclasses.replace(s, doctor=True, config_files=("acc.yaml",)))[
+        "job.sbatch"
+    ]
+    assert (
+        '"${SRUN[@]}" python -m zerofit doctor --allocation "logs/doctor-$SLURM_JOB_ID"'
+        ' --main-addr "$MAIN_ADDR" --main-port "$MAIN_PORT"'
+    ) in doctor
+
+
+def test_slurm_names_the_node_whose_task_failed(tmp_path) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text(
+        FAKE_SRUN.replace(
+            "#!/usr/bin/env bash",
+            "#!/usr/bin/env bash\nexec > >(tee -a " f"{tmp_path}/logs/zerofit-9-node1.log) 2>&1",
+        )
+    )
+    (bin_dir / "scontrol").write_text("#!/usr/bin/env bash\necho n1\n")
+    (bin_dir / "accelerate").write_text(
+        '#!/usr/bin/env bash\n[ "$SLURM_NODEID" = 1 ] && exit 3\nexit 0\n'
+    )
+    for f in bin_dir.iterdir():
+        f.chmod(0o755)
+    script = tmp_path / "job.sbatch"
+    script.write_text(render_launch_files(spec(style="slurm", doctor=False))["job.sbatch"])
+    res = subprocess.run(
+        ["bash", str(script)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=30,
+        env=dict(
+            os.environ,
+            PATH=f"{bin_dir}:{os.environ['PATH']}",
+            SLURM_NNODES="2",
+            SLURM_JOB_NODELIST="n[1-2]",
+            SLURM_JOB_ID="9",
+            SLURM_JOB_NAME="zerofit",
+        ),
+    )
+    assert res.returncode == 3
+    assert (
+        "zerofit: node fake1 (rank 1) failed: its training command exited with status 3"
+        in res.stderr
+    )
+
+
+def test_cli_slurm_flags_and_bad_values(tmp_path, capsys, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    base = ["launch", "--style", "slurm", "--nodes", "2", "--gpus-per-node", "4"]
+    assert (
+        main(
+            base
+            + ["--time", "1-00:00:00", "--env", "NCCL_DEBUG=INFO", "--ifname", "ib0", "--", "t.py"]
+        )
+        == 0
+    )
+    out = capsys.readouterr().out
+    assert "#SBATCH --time=1-00:00:00" in out and "export NCCL_DEBUG=INFO" in out
+    assert "export GLOO_SOCKET_IFNAME=ib0" in out and f"#SBATCH --chdir={tmp_path}" in out
+    for flags, field in (
+        (["--time", "tomorrow"], "time"),
+        (["--env", "NOEQUALS"], "env"),
+        (["--env", "1X=2"], "env"),
+        (["--setup", "a\nb"], "setup"),
+    ):
+        assert main(base + flags + ["--", "t.py"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"zerofit: error: {field}:") and len(err.strip().splitlines()) == 1

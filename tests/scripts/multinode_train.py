@@ -24,6 +24,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--expect-world-size", type=int, default=2)
     p.add_argument("--timeout", type=float, default=60.0, help="seconds a collective waits for a lost peer")
     p.add_argument("--step-sleep", type=float, default=0.0, help="pause after each step (fault tests)")
+    p.add_argument(
+        "--note",
+        action="append",
+        default=[],
+        help="any text; printed back verbatim (quoting tests)",
+    )
     return p.parse_args(argv)
 
 
@@ -39,6 +45,8 @@ def main(argv: list[str] | None = None) -> int:
     pg = InitProcessGroupKwargs(backend=backend, timeout=timedelta(seconds=args.timeout))
     acc = Accelerator(kwargs_handlers=[pg])
     rank, world = acc.process_index, acc.num_processes
+    if args.note:
+        print(f"multinode_train: rank {rank} notes {args.note!r}", flush=True)
     if world != args.expect_world_size:
         print(f"multinode_train: world size {world}, expected {args.expect_world_size}", file=sys.stderr)
         return 3

@@ -15,6 +15,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from zerofit.errors import ZerofitError
+
 VERSION_KEYS = ("python", "torch", "cuda", "nccl", "deepspeed", "accelerate", "transformers")
 # A mismatch here breaks or hangs collectives; the others only change behaviour.
 CRITICAL_VERSIONS = ("torch", "cuda", "nccl", "deepspeed")
@@ -35,6 +37,54 @@ def fingerprint(versions: dict[str, str | None]) -> str:
     """Short hash of the version tuple: equal on two nodes means the same stack."""
     text = ";".join(f"{k}={versions.get(k) or '-'}" for k in VERSION_KEYS)
     return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def validate_config(cfg: dict) -> dict:
+    """The accelerate.yaml keys the doctor reads, type-checked: a one-line error, no crash."""
+    for key, low in (("num_machines", 1), ("num_processes", 1), ("machine_rank", 0)):
+        value = cfg.get(key)
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int) or value < low
+        ):
+            raise ZerofitError(
+                key,
+                f"{value!r} in accelerate.yaml must be a whole number >= {low}",
+                f"fix {key}, or regenerate the file with `zerofit config`",
+            )
+    port = cfg.get("main_process_port")
+    if port is not None and (
+        isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535
+    ):
+        raise ZerofitError(
+            "main_process_port",
+            f"{port!r} in accelerate.yaml is not a port",
+            "use a port in 1-65535, e.g. 29500",
+        )
+    ip = cfg.get("main_process_ip")
+    if ip is not None and not isinstance(ip, str):
+        raise ZerofitError(
+            "main_process_ip",
+            f"{ip!r} in accelerate.yaml is not an address",
+            "use node 0's IP address or hostname",
+        )
+    return cfg
+
+
+def gather_disk(checkpoint_dir: str, need_gib: float | None) -> dict[str, Any]:
+    """Free space where checkpoints go, and whether the directory exists and is writable here."""
+    path = Path(checkpoint_dir).resolve()
+    exists, is_dir = path.exists(), path.is_dir()
+    probe = path
+    while not probe.exists():  # measure the disk it would land on
+        probe = probe.parent
+    return {
+        "path": checkpoint_dir,
+        "exists": exists,
+        "is_dir": is_dir,
+        "writable": is_dir and os.access(path, os.W_OK | os.X_OK),
+        "free_gib": round(shutil.disk_usage(probe).free / 2**30, 1),
+        "need_gib": need_gib,
+    }
 
 
 # --- gather (I/O) ---------------------------------------------------------------------------------
@@ -92,20 +142,17 @@ def gather_facts(config: dict | None = None, main_addr: str | None = None, main_
         "interfaces": interfaces, "infiniband": list_infiniband(),
         "nccl_socket_ifname": env.get("NCCL_SOCKET_IFNAME"), "nccl_ib_disable": env.get("NCCL_IB_DISABLE"),
         "resolved": [], "resolve_error": None, "route_source": None, "is_main": node_rank == 0,
-        "port_problem": None, "disk": None,
+        "port_problem": None, "disk": None, "owns_main_addr": None,
     }
     if main_addr:
         facts["resolved"], facts["resolve_error"] = resolve(main_addr)
-        facts["is_main"] = node_rank == 0 or (node_rank is None and bool(set(facts["resolved"]) & local))
+        facts["owns_main_addr"] = bool(set(facts["resolved"]) & local)
+        facts["is_main"] = node_rank == 0 or (node_rank is None and facts["owns_main_addr"])
         facts["route_source"] = route_source(main_addr, main_port or 29500)
     if main_port and facts["is_main"]:
         facts["port_problem"] = port_in_use(int(main_port))
     if checkpoint_dir:
-        path = Path(checkpoint_dir).resolve()
-        while not path.exists():  # the directory may not exist yet: measure the disk it will land on
-            path = path.parent
-        facts["disk"] = {"path": checkpoint_dir, "free_gib": round(shutil.disk_usage(path).free / 2**30, 1),
-                         "need_gib": need_gib}
+        facts["disk"] = gather_disk(checkpoint_dir, need_gib)
     return facts
 
 
@@ -160,6 +207,28 @@ def check_disk(facts: dict) -> Check | None:
     if disk is None:
         return None
     free, need = disk["free_gib"], disk["need_gib"]
+    if disk.get("exists") is False:  # a typo, or the shared filesystem is not mounted on this node
+        return Check(
+            "disk",
+            "fail",
+            f"{disk['path']} does not exist on this node",
+            f"create it (mkdir -p {disk['path']}) or fix the path; on a cluster it must be on "
+            "storage every node mounts",
+        )
+    if disk.get("is_dir") is False:
+        return Check(
+            "disk",
+            "fail",
+            f"{disk['path']} is not a directory",
+            "point --checkpoint-dir at a directory",
+        )
+    if disk.get("writable") is False:
+        return Check(
+            "disk",
+            "fail",
+            f"{disk['path']} is not writable here",
+            "fix its permissions, or choose a directory this user can write",
+        )
     if need is not None and free < need:
         return Check("disk", "fail", f"{free} GiB free at {disk['path']}, checkpoints need {need} GiB",
                      "point --checkpoint-dir at a larger disk or keep fewer checkpoints")
@@ -181,6 +250,20 @@ def check_main_addr(facts: dict) -> Check | None:
     if machines > 1 and loopback:
         return Check("main address", "fail", f"{addr} is this machine's loopback: other nodes cannot reach it",
                      "set main_process_ip / --main-addr to node 0's address on the network the nodes share")
+    if facts.get("node_rank") == 0 and facts.get("owns_main_addr") is False:
+        mine = sorted(
+            {a for i in facts["interfaces"] for a in i["addresses"] if not a.startswith("127.")}
+        )
+        return Check(
+            "main address",
+            "fail",
+            f"this is node 0 (rank 0), but {addr} ({', '.join(facts['resolved'])})"
+            f" is not one of its addresses ({', '.join(mine) or 'none'}): the others would "
+            "wait for "
+            "a main process that is not there",
+            "run rank 0 on the machine that owns "
+            f"{addr}, or set main_process_ip / --main-addr to this node's address",
+        )
     return Check("main address", "pass", f"{addr} resolves to {', '.join(facts['resolved'])}")
 
 

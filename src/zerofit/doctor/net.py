@@ -72,9 +72,12 @@ def port_in_use(port: int, host: str = "") -> str | None:
     return None
 
 
-def serve(port: int, token: str, timeout: float, host: str = "", ready=None) -> tuple[bool, str]:
-    """Listen on ``port`` until one client completes the handshake or ``timeout`` seconds pass."""
+def serve(
+    port: int, token: str, timeout: float, host: str = "", ready=None, count: int = 1
+) -> tuple[bool, str]:
+    """Listen on ``port`` until ``count`` clients complete the handshake or ``timeout`` s pass."""
     deadline = time.monotonic() + timeout
+    peers: list[str] = []
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as srv:
         srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
@@ -98,8 +101,19 @@ def serve(port: int, token: str, timeout: float, host: str = "", ready=None) -> 
                     continue
                 if line == f"{HELLO} {token}":
                     conn.sendall(f"OK {socket.gethostname()}\n".encode())
-                    return True, f"{peer[0]} reached port {port} and completed the handshake"
+                    peers.append(peer[0])
+                    if len(peers) >= count:
+                        return (
+                            True,
+                            f"{', '.join(peers)} reached port {port} and completed the handshake",
+                        )
+                    continue
                 conn.sendall(b"BAD-TOKEN\n")
+        if peers:
+            return False, (
+                f"only {len(peers)} of {count} nodes ({', '.join(peers)}) reached port {port} "
+                f"within {timeout:g} s"
+            )
         return False, f"no node connected to port {port} within {timeout:g} s"
 
 
@@ -126,6 +140,17 @@ def connect(addr: str, port: int, token: str, timeout: float) -> tuple[bool, str
     if reply == "BAD-TOKEN":
         return False, f"{where} answered with a different --token (fix: use the same --token on both nodes)"
     return False, f"{where} is another service, not `zerofit doctor --serve` (fix: pick a free port)"
+
+
+def connect_until(addr: str, port: int, token: str, timeout: float) -> tuple[bool, str]:
+    """``connect``, retried while nothing listens yet (that node may start later)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = deadline - time.monotonic()
+        ok, message = connect(addr, port, token, max(1.0, min(5.0, left)))
+        if ok or left <= 0 or not message.startswith("nothing listens"):
+            return ok, message
+        time.sleep(min(0.5, max(left, 0.0)))
 
 
 def _ipv4_of(name: str) -> str | None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+import shlex
 from dataclasses import dataclass
 from zerofit.errors import ZerofitError
 
@@ -16,6 +17,11 @@ RDZV_BACKENDS = ("static", "c10d")
 _HOSTNAME = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
                        r"(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$")
 _JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+_ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_SLURM_TIME = re.compile(r"^(\d+-)?\d+(:\d{1,2}){0,2}$")
+# What DeepSpeed's runner writes unquoted into the remote `export K=V;` (multinode_runner.py,
+# MultiNodeRunner.add_export); anything else it wraps in double quotes, where $ ` " \ stay live.
+_DS_ENV_UNSAFE = re.compile(r'[$`"\\\n\0]')
 
 
 class ShellVar(str):
@@ -44,8 +50,17 @@ class LaunchSpec:
     rdzv_backend: str = "static"             # accelerate style; torchrun style is always c10d
     timeout: int = 600                       # seconds a node waits for the others at rendezvous
     hostnames: tuple[str, ...] = ()          # deepspeed hostfile, in node order
-    python: str = "python"                   # env style interpreter
+    python: str = "python"                   # env style interpreter; slurm's doctor step
     log_dir: str = "logs"                    # slurm
+    workdir: str = ""  # absolute; every script cd's here, so relative paths hold
+    setup: str = ""  # shell command run first on every node (activate an env)
+    extra_env: tuple[tuple[str, str], ...] = ()  # --env / --ifname: exported on every node
+    time_limit: str = "02:00:00"  # slurm --time
+    cpus_per_node: int = 0  # slurm --cpus-per-task; 0 = 8 per process
+    requeue: bool = False  # slurm: requeue at the time limit, resume on restart
+    signal_seconds: int = 120  # slurm: warning this long before the time limit
+    resume_args: tuple[str, ...] = ("--resume-from", "latest")  # appended when resuming
+    doctor: bool = True  # slurm: `zerofit doctor --allocation` before training
 
     @property
     def world_size(self) -> int:
@@ -93,6 +108,7 @@ def validate_spec(spec: LaunchSpec) -> LaunchSpec:
     for key, value in spec.accelerate_env:  # also written to .deepspeed_env, one KEY=VALUE per line
         if any(c in value for c in "\0\n"):
             raise ZerofitError(key, "contains a line break", "fix the value in accelerate.yaml")
+    _validate_additions(spec)
     if not re.match(r"^[A-Za-z0-9_./-]+$", spec.log_dir):
         raise ZerofitError("log_dir", f"{spec.log_dir!r} has characters #SBATCH lines cannot hold",
                            "use letters, digits, '_', '.', '/', '-'")
@@ -110,6 +126,91 @@ def validate_spec(spec: LaunchSpec) -> LaunchSpec:
         for host in spec.hostnames:
             check_address("hosts", host)
     return spec
+
+
+def _validate_additions(spec: LaunchSpec) -> None:
+    """Rules for the working directory, setup hook, extra variables and the slurm options."""
+    if spec.workdir and (
+        not spec.workdir.startswith("/") or any(c in spec.workdir for c in "\0\n")
+    ):
+        raise ZerofitError(
+            "workdir",
+            f"{spec.workdir!r} must be an absolute path",
+            "pass --workdir /shared/project (the same path on every node)",
+        )
+    if "\0" in spec.setup or "\n" in spec.setup:
+        raise ZerofitError("setup", "is more than one line", "join the commands with `&&` or `;`")
+    for key, value in (*spec.accelerate_env, *spec.extra_env):
+        if not _ENV_KEY.match(key):
+            raise ZerofitError(
+                "env", f"{key!r} is not a variable name", "use KEY=VALUE with KEY like NCCL_DEBUG"
+            )
+        if any(c in value for c in "\0\n"):
+            raise ZerofitError(key, "contains a line break", "give a one-line value")
+    if not _SLURM_TIME.match(spec.time_limit):
+        raise ZerofitError(
+            "time",
+            f"{spec.time_limit!r} is not a Slurm time",
+            "use minutes, HH:MM:SS or D-HH:MM:SS, e.g. 02:00:00",
+        )
+    for name in ("cpus_per_node", "signal_seconds"):
+        value = getattr(spec, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ZerofitError(
+                name, f"{value!r} must be a whole number >= 0", f"fix --{name.replace('_', '-')}"
+            )
+    if spec.style == "deepspeed":
+        _validate_for_pdsh(spec)
+
+
+def _validate_for_pdsh(spec: LaunchSpec) -> None:
+    """What DeepSpeed's pdsh runner cannot carry to a remote shell intact (``quote_for_pdsh``)."""
+    for key, value in (*spec.accelerate_env, *spec.extra_env, *build_remote_env(spec)):
+        if _DS_ENV_UNSAFE.search(value) or value != value.strip():
+            raise ZerofitError(
+                key,
+                f"value {value!r} has characters .deepspeed_env cannot carry "
+                "(DeepSpeed puts it in double quotes on the remote shell)",
+                'avoid $ ` " \\ and leading/trailing spaces in the value',
+            )
+    if spec.workdir and not re.match(r"^[A-Za-z0-9_@%+=:,./-]+$", spec.workdir):
+        raise ZerofitError(
+            "workdir",
+            f"{spec.workdir!r} has characters DeepSpeed's pdsh runner passes "
+            "unquoted (`cd DIR` on each host)",
+            "run from a directory whose path has "
+            "only letters, digits and _@%+=:,./-, or pass --workdir",
+        )
+
+
+def quote_for_pdsh(arg: str) -> str:
+    """One argument of the user script, pre-quoted so the remote shell pdsh runs gets it verbatim.
+
+    DeepSpeed's PDSHRunner.parse_user_args (deepspeed/launcher/multinode_runner.py) wraps an
+    argument containing a space in double quotes (escaping only ``"``) and passes the rest as-is;
+    pdsh joins everything into one string that the remote shell evaluates. So: without a space,
+    single-quote it (the quotes add no space); with one, escape what double quotes leave live.
+    """
+    if " " not in arg:
+        return shlex.quote(arg)
+    return re.sub(r"([\\$`])", r"\\\1", arg)
+
+
+def find_output_dir(args: tuple[str, ...]) -> str | None:
+    """The value of ``--output-dir`` / ``--output_dir`` in the script's arguments, if any."""
+    for i, word in enumerate(args):
+        for flag in ("--output-dir", "--output_dir"):
+            if word == flag and i + 1 < len(args):
+                return args[i + 1]
+            if word.startswith(flag + "="):
+                return word[len(flag) + 1 :]
+    return None
+
+
+def build_remote_env(spec: LaunchSpec) -> tuple[tuple[str, str], ...]:
+    """Defaults every rank of a DeepSpeed-launched job needs, which pdsh would not carry."""
+    minutes = max(1, -(-spec.timeout // 60))
+    return (("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"), ("DEEPSPEED_TIMEOUT", str(minutes)))
 
 
 def rdzv_endpoint(addr: str, port: int | str) -> str:
@@ -170,11 +271,32 @@ def build_env_cmd(spec: LaunchSpec) -> list[str]:
     return [spec.python, spec.script, *spec.script_args]
 
 
-def build_deepspeed_cmd(spec: LaunchSpec) -> list[str]:
-    """DeepSpeed's own launcher over ``hostfile`` (it reaches the other hosts with pdsh/ssh)."""
-    cmd = ["deepspeed", "--hostfile", "hostfile", "--num_nodes", str(spec.nodes),
-           "--num_gpus", str(spec.procs_per_node), "--master_addr", spec.main_addr,
-           "--master_port", str(spec.main_port)]
+def build_deepspeed_cmd(
+    spec: LaunchSpec, hostfile: str = "hostfile", setup_script: str | None = None
+) -> list[str]:
+    """DeepSpeed's own launcher over ``hostfile`` (it reaches the other hosts with pdsh/ssh).
+
+    With more than one node every word after the launcher's own flags is evaluated once more by
+    the remote shell, so the script and its arguments are pre-quoted for it (``quote_for_pdsh``).
+    """
+    cmd = [
+        "deepspeed",
+        "--hostfile",
+        hostfile,
+        "--num_nodes",
+        str(spec.nodes),
+        "--num_gpus",
+        str(spec.procs_per_node),
+        "--master_addr",
+        spec.main_addr,
+        "--master_port",
+        str(spec.main_port),
+    ]
+    if setup_script is not None:  # sourced on every host before the launcher (runner --venv_script)
+        cmd += ["--venv_script", setup_script]
     if spec.config_files:  # accelerate scripts read their rank from the env, not --local_rank
         cmd.append("--no_local_rank")
-    return cmd + [spec.script, *spec.script_args]
+    if spec.nodes == 1:  # DeepSpeed runs a single node locally, without pdsh: no second shell
+        return cmd + [spec.script, *spec.script_args]
+    # the script itself is joined raw (never wrapped), so plain shell quoting is exact for it
+    return cmd + [shlex.quote(spec.script), *map(quote_for_pdsh, spec.script_args)]

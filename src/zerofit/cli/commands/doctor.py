@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -14,6 +15,9 @@ EXAMPLES = """examples:
   zerofit doctor --compare node0.json
   zerofit doctor --serve 29500                  # on node 0, then on node 1:
   zerofit doctor --connect 10.0.0.1:29500
+  srun --ntasks-per-node=1 zerofit doctor --allocation logs/doctor \\
+      --main-addr node001 --main-port 29500
+                                                # every node of a Slurm job at once, compared
 """
 
 
@@ -30,6 +34,15 @@ def register(sub) -> None:
     p.add_argument("--need-gib", type=float, help="GiB the checkpoints need (fails below it)")
     p.add_argument("--compare", metavar="JSON", help="another node's `zerofit doctor --json` report")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument(
+        "--allocation",
+        metavar="DIR",
+        help="run on every node at once (one srun step): reports go to DIR on shared storage, "
+        "node 0 serves the main port to the others, all are compared",
+    )
+    p.add_argument(
+        "--nodes", type=int, help="with --allocation: node count (default: $SLURM_NNODES)"
+    )
     net = p.add_mutually_exclusive_group()
     net.add_argument("--serve", type=int, metavar="PORT", help="listen on PORT for one --connect, then exit")
     net.add_argument("--connect", metavar="ADDR:PORT", help="handshake with a --serve on another node")
@@ -81,16 +94,54 @@ def _net(args) -> int:
     return 0 if ok else 1
 
 
+def _env_int(name: str) -> int | None:
+    value = os.environ.get(name, "")
+    return int(value) if value.isdigit() else None
+
+
+def _fill_from_slurm(args) -> None:
+    """--allocation: the node's rank and the node count default to SLURM_NODEID / SLURM_NNODES."""
+    if args.node_rank is None:
+        args.node_rank = _env_int("SLURM_NODEID")
+    if args.nodes is None:
+        args.nodes = _env_int("SLURM_NNODES")
+    if args.node_rank is None or args.nodes is None:
+        raise ZerofitError(
+            "allocation",
+            "needs this node's rank and the node count",
+            "run it inside a Slurm job step, or pass --node-rank and --nodes",
+        )
+    if not 0 <= args.node_rank < args.nodes:
+        raise ZerofitError(
+            "node_rank", f"{args.node_rank} is not in 0..{args.nodes - 1}", "fix --node-rank"
+        )
+    if args.timeout <= 0:
+        raise ZerofitError("timeout", f"{args.timeout:g} must be positive", "use e.g. --timeout 60")
+
+
+def _allocation(args, facts: dict) -> int:
+    from zerofit.doctor.allocation import run_allocation
+
+    ok, text = run_allocation(facts, args.allocation, args.nodes, args.token, args.timeout)
+    print(text, end="", file=sys.stdout if ok else sys.stderr, flush=True)
+    return 0 if ok else 1
+
+
 def run(args: argparse.Namespace) -> int:
     if args.serve is not None or args.connect:
         return _net(args)
     from zerofit.doctor.checks import build_report, gather_facts, render_report, run_checks
-    config = _load(args.config, "config") if args.config else None
+    from zerofit.doctor.checks import validate_config
+    config = validate_config(_load(args.config, "config")) if args.config else None
     other = _load(args.compare, "compare") if args.compare else None
     if args.main_port is not None and not 1 <= args.main_port <= 65535:
         raise ZerofitError("main_port", f"{args.main_port} is out of range", "use a port in 1-65535")
+    if args.allocation:
+        _fill_from_slurm(args)
     facts = gather_facts(config, main_addr=args.main_addr, main_port=args.main_port, node_rank=args.node_rank,
                          checkpoint_dir=args.checkpoint_dir, need_gib=args.need_gib)
+    if args.allocation:
+        return _allocation(args, facts)
     checks = run_checks(facts, other)
     if args.json:
         print(json.dumps(build_report(facts, checks), indent=2))
