@@ -227,8 +227,15 @@ def run_accelerate(cell: dict, out: str, model_dir: str) -> dict:
     from torch.utils.data import DataLoader, TensorDataset
     from transformers import AutoModelForCausalLM
 
-    os.environ.update(launch_env(cell))
-    accelerator = Accelerator(kwargs_handlers=[InitProcessGroupKwargs(backend="gloo")])
+    env = launch_env(cell)
+    os.environ.update(env)
+    # A plain DDP config on a machine without CUDA: accelerate's MULTI_GPU state leaves every rank
+    # training alone (no DDP wrapper, reduce returns the local value) unless cpu=True selects
+    # MULTI_CPU over gloo (accelerate/state.py PartialState.__init__ / _prepare_backend). A CPU
+    # user of this YAML must do the same; on GPUs the YAML is used as is.
+    ddp_on_cpu = env.get("ACCELERATE_USE_DEEPSPEED") != "true" and not torch.cuda.is_available()
+    accelerator = Accelerator(cpu=ddp_on_cpu,
+                              kwargs_handlers=[InitProcessGroupKwargs(backend="gloo")])
     assert accelerator.num_processes == dist.get_world_size()
     model = AutoModelForCausalLM.from_pretrained(model_dir)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
@@ -247,6 +254,8 @@ def run_accelerate(cell: dict, out: str, model_dir: str) -> dict:
             optimizer.zero_grad()
     value = accelerator.reduce(loss.detach().float(), reduction="mean").item()
     if plugin is None:
+        # the ranks really train together: DDP wraps the model and syncs its gradients
+        assert isinstance(model, torch.nn.parallel.DistributedDataParallel), type(model)
         return {
             "stage": 0,
             "global_steps": 2,
