@@ -416,6 +416,39 @@ DEEPSPEED_OWNED = (("train_micro_batch_size_per_gpu", "per_device_batch_size"),
                    ("gradient_clipping", "max_grad_norm"))
 
 
+@dataclasses.dataclass
+class Run:
+    """One process's place in the job: its accelerator and the batch arithmetic of a step."""
+
+    accelerator: object
+    zero_stage: int
+    world: int
+    rank: int
+    per_rank: int  # rows (examples, pairs) this rank trains on per optimizer step
+    rows_per_step: int
+
+
+def setup_run(args: RunArgs, project: str) -> tuple[Run, str]:
+    """Accelerator + batch arithmetic + output directory; returns (run, checkpoint to resume).
+
+    For recipes that train on rows (sft, dpo); grpo counts prompts x generations instead.
+    """
+    accelerator, zero_stage = build_accelerator(args, project)
+    per_rank = args.per_device_batch_size * args.gradient_accumulation_steps
+    run = Run(accelerator, zero_stage, accelerator.num_processes, accelerator.process_index,
+              per_rank, per_rank * accelerator.num_processes)
+    return run, claim_output_dir(accelerator, args)
+
+
+def start_progress(accelerator, project: str, args, start_step: int):
+    """Trackers (tensorboard if installed) and the progress bar of the main loop."""
+    from tqdm.auto import tqdm
+
+    accelerator.init_trackers(project, config=dataclasses.asdict(args))
+    return tqdm(total=args.max_steps, initial=start_step, desc=project,
+                disable=not accelerator.is_main_process)
+
+
 def reconcile_with_deepspeed(args: RunArgs, cfg: dict, accelerator) -> None:
     """A number in the JSON wins over the flag (said when they differ); "auto" takes the flag."""
     for key, field in DEEPSPEED_OWNED:

@@ -8,8 +8,8 @@ replicated otherwise, or its log-probs are computed once before training (`--pre
 Without flags: a tiny random-init model learns to prefer "3+4=7" over "3+4=3+4" offline.
 
     python recipes/dpo.py                                     # one process / one GPU, toy task
-    accelerate launch --config_file deepspeed_configs/accelerate/zero3.yaml --mixed_precision bf16 \\
-        recipes/dpo.py \\
+    accelerate launch --config_file deepspeed_configs/accelerate/zero3.yaml \\
+        --mixed_precision bf16 recipes/dpo.py \\
         --dataset pairs.jsonl --model runs/sft/final          # all GPUs of one node, ZeRO-3
     accelerate launch --config_file cfg/accelerate.yaml --machine_rank $NODE_RANK \\
         recipes/dpo.py --config my_dpo.yaml                   # on every node of a multi-node job
@@ -116,26 +116,12 @@ def dpo_loss(policy_chosen, policy_rejected, ref_chosen, ref_rejected, beta: flo
 
 
 # ----------------------------------------------------------------------------- setup
-@dataclasses.dataclass
-class Run:
-    accelerator: object
-    zero_stage: int
-    world: int
-    rank: int
-    per_rank: int  # pairs this rank trains on per step
-    rows_per_step: int
-
-
-def setup(args: Args) -> tuple[Run, str]:
+def setup(args: Args) -> tuple[common.Run, str]:
     """Accelerator + batch arithmetic + output directory; returns (run, checkpoint to resume)."""
-    accelerator, zero_stage = common.build_accelerator(args, "dpo")
-    per_rank = args.per_device_batch_size * args.gradient_accumulation_steps
-    run = Run(accelerator, zero_stage, accelerator.num_processes, accelerator.process_index,
-              per_rank, per_rank * accelerator.num_processes)
-    return run, common.claim_output_dir(accelerator, args)
+    return common.setup_run(args, "dpo")
 
 
-def build_models(args: Args, run: Run, tok):
+def build_models(args: Args, run: common.Run, tok):
     """Policy + optimizer (prepared) and the frozen reference (None with --precompute-ref)."""
     from accelerate.utils import set_seed
 
@@ -153,7 +139,7 @@ def build_models(args: Args, run: Run, tok):
 
 
 @torch.no_grad()
-def precompute_reference(args: Args, run: Run, model, pairs: list[dict], pad_id: int):
+def precompute_reference(args: Args, run: common.Run, model, pairs: list[dict], pad_id: int):
     """[rows, 2] reference log-probs (chosen, rejected) from the policy before any update.
 
     Each rank scores every world-th row, all ranks the same number of micro-batches (ZeRO-3
@@ -178,7 +164,7 @@ def precompute_reference(args: Args, run: Run, model, pairs: list[dict], pad_id:
     return table
 
 
-def reference_table(args: Args, run: Run, model, pairs, pad_id: int, start_step: int):
+def reference_table(args: Args, run: common.Run, model, pairs, pad_id: int, start_step: int):
     """--precompute-ref: computed at step 0 and kept in the run directory, so a resumed run
     (whose policy has moved) reuses the original reference."""
     path = os.path.join(args.output_dir, "ref_logps.pt")
@@ -195,7 +181,7 @@ def reference_table(args: Args, run: Run, model, pairs, pad_id: int, start_step:
     return table
 
 
-def resume_or_start(args: Args, run: Run, resume_path: str):
+def resume_or_start(args: Args, run: common.Run, resume_path: str):
     """Load weights, optimizer and RNG when resuming. Returns (start step, metrics log)."""
     start_step = 0
     if resume_path:
@@ -208,7 +194,7 @@ def resume_or_start(args: Args, run: Run, resume_path: str):
 
 
 # ----------------------------------------------------------------------------- update
-def reference_logprobs(args: Args, run: Run, ref, ref_table, indices, batch):
+def reference_logprobs(args: Args, run: common.Run, ref, ref_table, indices, batch):
     """(chosen, rejected) reference log-probs of a micro-batch: from the table or the model."""
     if ref_table is not None:
         scores = ref_table[torch.tensor(indices, device=run.accelerator.device)]
@@ -217,7 +203,8 @@ def reference_logprobs(args: Args, run: Run, ref, ref_table, indices, batch):
         return sequence_logprobs(ref, batch).chunk(2)
 
 
-def train_step(args: Args, run: Run, model, optimizer, ref, ref_table, pairs, picked, pad_id):
+def train_step(args: Args, run: common.Run, model, optimizer, ref, ref_table, pairs, picked,
+               pad_id):
     """One optimizer step over this rank's pairs; returns per-pair sums for the metrics."""
     accelerator = run.accelerator
     clip_here = accelerator.state.deepspeed_plugin is None and args.max_grad_norm
@@ -244,7 +231,7 @@ def train_step(args: Args, run: Run, model, optimizer, ref, ref_table, pairs, pi
     return sums, seen
 
 
-def step_metrics(run: Run, step: int, sums: torch.Tensor, seen: int, seconds: float) -> dict:
+def step_metrics(run: common.Run, step: int, sums: torch.Tensor, seen: int, seconds: float) -> dict:
     """Means over every rank's pairs: loss, rewards, margin, accuracy (chosen reward higher)."""
     accelerator = run.accelerator
     seen_all = int(accelerator.reduce(torch.tensor([seen], device=accelerator.device), "sum"))
@@ -258,7 +245,6 @@ def step_metrics(run: Run, step: int, sums: torch.Tensor, seen: int, seconds: fl
 # ----------------------------------------------------------------------------- main
 def main(argv=None) -> None:
     args = parse_args(argv)
-    from tqdm.auto import tqdm
 
     rows = load_rows(args)  # data errors first: cheaper than starting processes
     run, resume_path = setup(args)
@@ -275,9 +261,7 @@ def main(argv=None) -> None:
                       f"{len(pairs)} pairs, {run.rows_per_step} per step, reference {reference}, "
                       f"micro-batch {args.per_device_batch_size}, "
                       f"accumulation {args.gradient_accumulation_steps}")
-    accelerator.init_trackers("dpo", config=dataclasses.asdict(args))  # tensorboard if installed
-    bar = tqdm(total=args.max_steps, initial=start_step, desc="dpo",
-               disable=not accelerator.is_main_process)
+    bar = common.start_progress(accelerator, "dpo", args, start_step)
 
     for step in range(start_step + 1, args.max_steps + 1):
         started = time.time()

@@ -6,8 +6,8 @@ turns rewards into group-normalised advantages and optimises the clipped policy-
 built-in toy task ("3+4=" -> "7") offline, on CPU, in a couple of minutes.
 
     python recipes/grpo.py                                    # one process / one GPU, toy task
-    accelerate launch --config_file deepspeed_configs/accelerate/zero2.yaml --mixed_precision bf16 \\
-        recipes/grpo.py \\
+    accelerate launch --config_file deepspeed_configs/accelerate/zero2.yaml \\
+        --mixed_precision bf16 recipes/grpo.py \\
         --config recipes/grpo.yaml                            # all GPUs of one node, ZeRO-2
     accelerate launch --config_file cfg/accelerate.yaml --machine_rank $NODE_RANK \\
         recipes/grpo.py --config recipes/grpo.yaml            # on every node of a multi-node job
@@ -436,7 +436,6 @@ def step_metrics(run: Run, step: int, rollout: dict, losses: list[float], names:
 def main(argv=None) -> None:
     args = parse_args(argv)
     reward_names, weights = parse_rewards(args)
-    from tqdm.auto import tqdm
 
     rows = load_rows(args)  # data errors first: cheaper than starting processes
     run, resume_path = setup(args)
@@ -447,9 +446,7 @@ def main(argv=None) -> None:
                       f"{run.prompts_per_step} prompts x {args.num_generations} generations per "
                       f"step, micro-batch {args.per_device_batch_size}, "
                       f"accumulation {args.gradient_accumulation_steps}")
-    accelerator.init_trackers("grpo", config=dataclasses.asdict(args))  # tensorboard if installed
-    bar = tqdm(total=args.max_steps, initial=start_step, desc="grpo",
-               disable=not accelerator.is_main_process)
+    bar = common.start_progress(accelerator, "grpo", args, start_step)
 
     for step in range(start_step + 1, args.max_steps + 1):
         started = time.time()

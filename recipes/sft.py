@@ -6,8 +6,8 @@ tokenizer's chat template); the loss is the mean cross-entropy over completion t
 Without flags: a tiny random-init model learns the built-in toy task ("3+4=" -> "7") offline.
 
     python recipes/sft.py                                     # one process / one GPU, toy task
-    accelerate launch --config_file deepspeed_configs/accelerate/zero2.yaml --mixed_precision bf16 \\
-        recipes/sft.py \\
+    accelerate launch --config_file deepspeed_configs/accelerate/zero2.yaml \\
+        --mixed_precision bf16 recipes/sft.py \\
         --dataset data.jsonl --model Qwen/Qwen2.5-0.5B        # all GPUs of one node, ZeRO-2
     accelerate launch --config_file cfg/accelerate.yaml --machine_rank $NODE_RANK \\
         recipes/sft.py --config my_sft.yaml                   # on every node of a multi-node job
@@ -178,26 +178,12 @@ def sft_loss(logits: torch.Tensor, labels: torch.Tensor, num_tokens=None) -> tor
 
 
 # ----------------------------------------------------------------------------- setup
-@dataclasses.dataclass
-class Run:
-    accelerator: object
-    zero_stage: int
-    world: int
-    rank: int
-    per_rank: int  # examples this rank trains on per step
-    rows_per_step: int
-
-
-def setup(args: Args) -> tuple[Run, str]:
+def setup(args: Args) -> tuple[common.Run, str]:
     """Accelerator + batch arithmetic + output directory; returns (run, checkpoint to resume)."""
-    accelerator, zero_stage = common.build_accelerator(args, "sft")
-    per_rank = args.per_device_batch_size * args.gradient_accumulation_steps
-    run = Run(accelerator, zero_stage, accelerator.num_processes, accelerator.process_index,
-              per_rank, per_rank * accelerator.num_processes)
-    return run, common.claim_output_dir(accelerator, args)
+    return common.setup_run(args, "sft")
 
 
-def build_model(args: Args, run: Run, tok):
+def build_model(args: Args, run: common.Run, tok):
     """The model and its optimizer, prepared (wrapped by DDP or a DeepSpeed engine)."""
     from accelerate.utils import set_seed
 
@@ -209,7 +195,7 @@ def build_model(args: Args, run: Run, tok):
     return run.accelerator.prepare(model, optimizer)
 
 
-def resume_or_start(args: Args, run: Run, resume_path: str):
+def resume_or_start(args: Args, run: common.Run, resume_path: str):
     """Load weights, optimizer and RNG when resuming. Returns (start step, metrics log)."""
     start_step = 0
     if resume_path:
@@ -222,7 +208,7 @@ def resume_or_start(args: Args, run: Run, resume_path: str):
 
 
 # ----------------------------------------------------------------------------- update
-def train_step(args: Args, run: Run, model, optimizer, batch: list, pad_id: int) -> dict:
+def train_step(args: Args, run: common.Run, model, optimizer, batch: list, pad_id: int) -> dict:
     """One optimizer step over this rank's examples; returns summed loss, tokens, seconds."""
     accelerator = run.accelerator
     chunks = common.micro_batches(batch, args.per_device_batch_size)
@@ -248,7 +234,7 @@ def train_step(args: Args, run: Run, model, optimizer, batch: list, pad_id: int)
     return {"loss_sum": loss_sum, "labelled": labelled, "seen": seen}
 
 
-def step_metrics(run: Run, step: int, sums: dict, seconds: float) -> dict:
+def step_metrics(run: common.Run, step: int, sums: dict, seconds: float) -> dict:
     """Token-mean loss over every rank's completion tokens, and tokens/s of all tokens seen."""
     accelerator = run.accelerator
     totals = torch.tensor([sums["loss_sum"], sums["labelled"], sums["seen"]],
@@ -261,7 +247,6 @@ def step_metrics(run: Run, step: int, sums: dict, seconds: float) -> dict:
 # ----------------------------------------------------------------------------- main
 def main(argv=None) -> None:
     args = parse_args(argv)
-    from tqdm.auto import tqdm
 
     rows = load_rows(args)  # data errors first: cheaper than starting processes
     run, resume_path = setup(args)
@@ -274,9 +259,7 @@ def main(argv=None) -> None:
                       f"{len(examples)} {'blocks' if args.packing else 'examples'}, "
                       f"{run.rows_per_step} per step, micro-batch {args.per_device_batch_size}, "
                       f"accumulation {args.gradient_accumulation_steps}")
-    accelerator.init_trackers("sft", config=dataclasses.asdict(args))  # tensorboard if installed
-    bar = tqdm(total=args.max_steps, initial=start_step, desc="sft",
-               disable=not accelerator.is_main_process)
+    bar = common.start_progress(accelerator, "sft", args, start_step)
 
     for step in range(start_step + 1, args.max_steps + 1):
         started = time.time()
