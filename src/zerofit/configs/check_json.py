@@ -11,7 +11,8 @@ import copy
 import json
 from typing import Any
 
-from zerofit.configs.check_problem import Problem, is_int, type_problem, unknown_key, want
+from zerofit.configs.check_problem import (Problem, is_int, not_a_mapping, type_problem,
+                                           unknown_key, want)
 from zerofit.configs.check_tables import ACCELERATE_FILLED, DS_SECTIONS, DS_TOP, HF_FILLED
 
 
@@ -29,14 +30,7 @@ def check_deepspeed(
     ``client`` as in ``check_files``; ``use_libraries`` False forces the fallback tables.
     """
     if not isinstance(cfg, dict):
-        return [
-            Problem(
-                name,
-                "must hold a mapping of keys to values",
-                "start from `zerofit config`",
-                "unreadable",
-            )
-        ]
+        return [not_a_mapping(name)]
     client = "trainer" if trainer and client is None else client
     if use_libraries:
         from zerofit.configs.check_ecosystem import deepspeed_version

@@ -23,6 +23,12 @@ class Problem:
         return asdict(self)
 
 
+def not_a_mapping(name: str) -> Problem:
+    """A file whose top level is not a mapping (a list, a number, an empty document)."""
+    return Problem(name, "must hold a mapping of keys to values", "start from `zerofit config`",
+                   "unreadable")
+
+
 def is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 

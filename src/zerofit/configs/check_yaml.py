@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import Callable
 
-from zerofit.configs.check_problem import Problem, is_int, type_problem, unknown_key, want
+from zerofit.configs.check_problem import (Problem, is_int, not_a_mapping, type_problem,
+                                           unknown_key, want)
 from zerofit.configs.check_tables import (
     ACCELERATE_DS_KEYS,
     ACCELERATE_KEYS,
@@ -31,14 +32,7 @@ def check_accelerate(
     and values (``check_ecosystem.check_accelerate_loader``); else the tables in ``check_tables``.
     """
     if not isinstance(cfg, dict):
-        return [
-            Problem(
-                name,
-                "must hold a mapping of keys to values",
-                "start from `zerofit config`",
-                "unreadable",
-            )
-        ]
+        return [not_a_mapping(name)]
     if use_libraries:
         from zerofit.configs.check_ecosystem import accelerate_version
 
