@@ -1,7 +1,8 @@
 """Median wall time of `zerofit --help` vs `accelerate config --help` (5 runs each, subprocess).
 
-    .venv/bin/python benchmarks/cli_startup.py      # prints JSON; target ratio <= 0.1
+.venv/bin/python benchmarks/cli_startup.py      # prints JSON; target ratio <= 0.1
 """
+
 from __future__ import annotations
 
 import json
@@ -28,9 +29,19 @@ def main() -> None:
     zerofit = median_seconds([str(BIN / "zerofit"), "--help"])
     accelerate = median_seconds([str(BIN / "accelerate"), "config", "--help"])
     ratio = zerofit / accelerate
-    print(json.dumps({"runs": RUNS, "zerofit_help_s": round(zerofit, 3),
-                      "accelerate_config_help_s": round(accelerate, 3), "ratio": round(ratio, 3),
-                      "target_ratio": 0.1, "ok": ratio <= 0.1}, indent=2))
+    print(
+        json.dumps(
+            {
+                "runs": RUNS,
+                "zerofit_help_s": round(zerofit, 3),
+                "accelerate_config_help_s": round(accelerate, 3),
+                "ratio": round(ratio, 3),
+                "target_ratio": 0.1,
+                "ok": ratio <= 0.1,
+            },
+            indent=2,
+        )
+    )
 
 
 if __name__ == "__main__":

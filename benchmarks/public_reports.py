@@ -27,6 +27,7 @@ acting as the command-line flags that override the file.
     PYTHONPATH=src python benchmarks/public_reports.py --json   # machine-readable
     PYTHONPATH=src python benchmarks/public_reports.py --gpu-proxies   # A800/A40/H20 stand-ins
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,7 +39,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "tests" / "data" / "public_reports.jsonl"
-sys.path.insert(0, str(ROOT / "src"))   # the checkout's zerofit, not an older installed copy
+sys.path.insert(0, str(ROOT / "src"))  # the checkout's zerofit, not an older installed copy
 
 # How a measured number compares with the estimate:
 # - alloc_lower_bound: "already allocated + tried to allocate" from an OOM traceback, a floor
@@ -46,9 +47,11 @@ sys.path.insert(0, str(ROOT / "src"))   # the checkout's zerofit, not an older i
 # - device_used: nvidia-smi style memory in use (CUDA context and allocator cache included):
 #   compared with peak_gib + the CUDA context (the estimate has no cache term yet).
 MEASURED_KINDS = ("alloc_lower_bound", "device_used")
-VERDICT_RULE = ("fits = the GPU holds peak + allocator + NCCL + CUDA context + vLLM + safety "
-                "margin within its memory, and the offload buffers fit the node's RAM only where "
-                "the report states it (unknown host RAM is not limiting)")
+VERDICT_RULE = (
+    "fits = the GPU holds peak + allocator + NCCL + CUDA context + vLLM + safety "
+    "margin within its memory, and the offload buffers fit the node's RAM only where "
+    "the report states it (unknown host RAM is not limiting)"
+)
 
 # --gpu-proxies: GPUs the catalog lacks today, stood in for by the entry with the same usable
 # memory, so the verdict can be read on every report before the catalog grows. Not the default:
@@ -68,11 +71,13 @@ def load_reports(path: Path = DATA) -> list[dict]:
 def answer_fields() -> set[str]:
     """The field names Answers has in this version of zerofit."""
     from zerofit.planning.answers import Answers
+
     return {f.name for f in dataclasses.fields(Answers)}
 
 
-def answers_dict(report: dict, known: set[str], proxies: dict[str, str] | None = None
-                 ) -> tuple[dict, list[str]]:
+def answers_dict(
+    report: dict, known: set[str], proxies: dict[str, str] | None = None
+) -> tuple[dict, list[str]]:
     """The report's answers limited to fields Answers knows, and the names it dropped.
 
     Model paths in the data are relative to the repository root; they are made absolute so the
@@ -88,8 +93,9 @@ def answers_dict(report: dict, known: set[str], proxies: dict[str, str] | None =
     return {k: v for k, v in data.items() if k in known}, dropped
 
 
-def estimate_report(report: dict, known: set[str], tmpdir: Path,
-                    proxies: dict[str, str] | None = None) -> dict:
+def estimate_report(
+    report: dict, known: set[str], tmpdir: Path, proxies: dict[str, str] | None = None
+) -> dict:
     """Run zerofit's estimate on one report: status ok with the verdict, or error with its line."""
     from zerofit.cli.commands.estimate import estimate_from_files
     from zerofit.errors import ZerofitError
@@ -106,13 +112,22 @@ def estimate_report(report: dict, known: set[str], tmpdir: Path,
     host_known = report["answers"].get("host_ram_gib") is not None
     fits = result["fits_gpu"] and (result["fits_host"] or not host_known)
     total = result["peak_gib"] + result.get("cuda_context_gib", 0.0)
-    return {"status": "ok", "fits": bool(fits), "peak_gib": result["peak_gib"],
-            "gpu_total_gib": round(total, 3), "budget_gib": result.get("budget_gib"),
-            "gpu_need_gib": result["gpu_need_gib"], "host_ram_known": host_known,
-            "cpu_gib": result["cpu_gib"], "peak_phase": result.get("peak_phase"),
-            "loss_path": result["loss_path"], "optimizer": result["optimizer"],
-            "breakdown": result["breakdown"], "from_files": result["from_files"],
-            "dropped": dropped}
+    return {
+        "status": "ok",
+        "fits": bool(fits),
+        "peak_gib": result["peak_gib"],
+        "gpu_total_gib": round(total, 3),
+        "budget_gib": result.get("budget_gib"),
+        "gpu_need_gib": result["gpu_need_gib"],
+        "host_ram_known": host_known,
+        "cpu_gib": result["cpu_gib"],
+        "peak_phase": result.get("peak_phase"),
+        "loss_path": result["loss_path"],
+        "optimizer": result["optimizer"],
+        "breakdown": result["breakdown"],
+        "from_files": result["from_files"],
+        "dropped": dropped,
+    }
 
 
 def dominant_terms(breakdown: dict[str, float], n: int = 4) -> str:
@@ -128,10 +143,15 @@ def measured_error(report: dict, pred: dict) -> dict | None:
     kind = report["measured_kind"]
     predicted = pred["peak_gib"] if kind == "alloc_lower_bound" else pred["gpu_total_gib"]
     measured = report["measured_gib"]
-    return {"id": report["id"], "kind": kind, "measured_gib": measured, "predicted_gib": predicted,
-            "error": round((predicted - measured) / measured, 4),
-            # a lower bound is only violated when the prediction is below it
-            "consistent": predicted >= measured if kind == "alloc_lower_bound" else None}
+    return {
+        "id": report["id"],
+        "kind": kind,
+        "measured_gib": measured,
+        "predicted_gib": predicted,
+        "error": round((predicted - measured) / measured, 4),
+        # a lower bound is only violated when the prediction is below it
+        "consistent": predicted >= measured if kind == "alloc_lower_bound" else None,
+    }
 
 
 def evaluate(reports: list[dict], proxies: dict[str, str] | None = None) -> dict:
@@ -146,10 +166,18 @@ def evaluate(reports: list[dict], proxies: dict[str, str] | None = None) -> dict
     with tempfile.TemporaryDirectory() as tmp:
         for report in reports:
             pred = estimate_report(report, known, Path(tmp), proxies)
-            rows.append({"id": report["id"], "outcome": report["outcome"],
-                         "workload": report["answers"].get("workload"), **pred})
-    matrix = {"oom": {"predicted_oom": 0, "predicted_fits": 0},
-              "ran": {"predicted_oom": 0, "predicted_fits": 0}}
+            rows.append(
+                {
+                    "id": report["id"],
+                    "outcome": report["outcome"],
+                    "workload": report["answers"].get("workload"),
+                    **pred,
+                }
+            )
+    matrix = {
+        "oom": {"predicted_oom": 0, "predicted_fits": 0},
+        "ran": {"predicted_oom": 0, "predicted_fits": 0},
+    }
     misses, errors = [], []
     for row in rows:
         if row["status"] != "ok":
@@ -159,23 +187,43 @@ def evaluate(reports: list[dict], proxies: dict[str, str] | None = None) -> dict
         matrix[row["outcome"]][predicted] += 1
         wrong = (row["outcome"] == "oom") == row["fits"]
         if wrong:
-            misses.append({"id": row["id"], "miss": "real OOM predicted to fit"
-                           if row["outcome"] == "oom" else "ran, predicted not to fit",
-                           "peak_gib": row["peak_gib"], "gpu_need_gib": row["gpu_need_gib"],
-                           "budget_gib": row["budget_gib"], "phase": row["peak_phase"],
-                           "loss_path": row["loss_path"], "optimizer": row["optimizer"],
-                           "terms": dominant_terms(row["breakdown"])})
+            misses.append(
+                {
+                    "id": row["id"],
+                    "miss": (
+                        "real OOM predicted to fit"
+                        if row["outcome"] == "oom"
+                        else "ran, predicted not to fit"
+                    ),
+                    "peak_gib": row["peak_gib"],
+                    "gpu_need_gib": row["gpu_need_gib"],
+                    "budget_gib": row["budget_gib"],
+                    "phase": row["peak_phase"],
+                    "loss_path": row["loss_path"],
+                    "optimizer": row["optimizer"],
+                    "terms": dominant_terms(row["breakdown"]),
+                }
+            )
     measured = [m for r, p in zip(reports, rows) if (m := measured_error(r, p))]
     dropped = sorted({name for row in rows for name in row["dropped"]})
-    return {"reports": len(reports), "evaluated": len(rows) - len(errors), "matrix": matrix,
-            "gpu_proxies": proxies,
-            "misses": misses, "measured": measured, "not_evaluable": errors,
-            "dropped_fields": dropped, "rule": VERDICT_RULE, "rows": rows}
+    return {
+        "reports": len(reports),
+        "evaluated": len(rows) - len(errors),
+        "matrix": matrix,
+        "gpu_proxies": proxies,
+        "misses": misses,
+        "measured": measured,
+        "not_evaluable": errors,
+        "dropped_fields": dropped,
+        "rule": VERDICT_RULE,
+        "rows": rows,
+    }
 
 
 def _in_catalog(name: str) -> bool:
     from zerofit.errors import ZerofitError
     from zerofit.hardware import lookup
+
     try:
         lookup(name)
     except ZerofitError:
@@ -186,34 +234,52 @@ def _in_catalog(name: str) -> bool:
 def render(result: dict) -> str:
     """The human-readable report."""
     m = result["matrix"]
-    lines = [f"public reports: {result['reports']}, evaluated: {result['evaluated']}, "
-             f"not evaluable yet: {len(result['not_evaluable'])}"]
+    lines = [
+        f"public reports: {result['reports']}, evaluated: {result['evaluated']}, "
+        f"not evaluable yet: {len(result['not_evaluable'])}"
+    ]
     if result["gpu_proxies"]:
-        lines.append("note: GPUs missing from the catalog stood in for by the same memory: "
-                     + ", ".join(f"{k} -> {v}" for k, v in result["gpu_proxies"].items()))
+        lines.append(
+            "note: GPUs missing from the catalog stood in for by the same memory: "
+            + ", ".join(f"{k} -> {v}" for k, v in result["gpu_proxies"].items())
+        )
     if result["dropped_fields"]:
-        lines.append("note: Answers does not know these report fields yet, dropped: "
-                     + ", ".join(result["dropped_fields"]))
+        lines.append(
+            "note: Answers does not know these report fields yet, dropped: "
+            + ", ".join(result["dropped_fields"])
+        )
     lines.append("verdict rule: " + result["rule"])
-    lines += ["", f"{'real / predicted':<18}{'does NOT fit':>14}{'fits':>8}",
-              f"{'oom':<18}{m['oom']['predicted_oom']:>14}{m['oom']['predicted_fits']:>8}",
-              f"{'ran':<18}{m['ran']['predicted_oom']:>14}{m['ran']['predicted_fits']:>8}"]
+    lines += [
+        "",
+        f"{'real / predicted':<18}{'does NOT fit':>14}{'fits':>8}",
+        f"{'oom':<18}{m['oom']['predicted_oom']:>14}{m['oom']['predicted_fits']:>8}",
+        f"{'ran':<18}{m['ran']['predicted_oom']:>14}{m['ran']['predicted_fits']:>8}",
+    ]
     oom_total = m["oom"]["predicted_oom"] + m["oom"]["predicted_fits"]
     ran_total = m["ran"]["predicted_oom"] + m["ran"]["predicted_fits"]
-    lines.append(f"OOMs caught: {m['oom']['predicted_oom']}/{oom_total}; "
-                 f"runs that worked predicted to fit: {m['ran']['predicted_fits']}/{ran_total}")
+    lines.append(
+        f"OOMs caught: {m['oom']['predicted_oom']}/{oom_total}; "
+        f"runs that worked predicted to fit: {m['ran']['predicted_fits']}/{ran_total}"
+    )
     lines += ["", "misses:"]
     for x in result["misses"]:
-        lines.append(f"  {x['id']}: {x['miss']}: the GPU must hold {x['gpu_need_gib']:.2f} GiB "
-                     f"of {x['budget_gib']} (peak {x['peak_gib']:.2f} in {x['phase']}; "
-                     f"loss {x['loss_path']}, {x['optimizer']})")
+        lines.append(
+            f"  {x['id']}: {x['miss']}: the GPU must hold {x['gpu_need_gib']:.2f} GiB "
+            f"of {x['budget_gib']} (peak {x['peak_gib']:.2f} in {x['phase']}; "
+            f"loss {x['loss_path']}, {x['optimizer']})"
+        )
         lines.append(f"      dominant terms (GiB): {x['terms']}")
     lines += ["", "measured numbers (predicted vs measured, GiB):"]
     for x in result["measured"]:
-        note = "" if x["consistent"] is None else ("  ok: above the floor" if x["consistent"]
-                                                    else "  BELOW the measured floor")
-        lines.append(f"  {x['id']}: {x['kind']} measured {x['measured_gib']:.2f}, predicted "
-                     f"{x['predicted_gib']:.2f}, error {100 * x['error']:+.1f}%{note}")
+        note = (
+            ""
+            if x["consistent"] is None
+            else ("  ok: above the floor" if x["consistent"] else "  BELOW the measured floor")
+        )
+        lines.append(
+            f"  {x['id']}: {x['kind']} measured {x['measured_gib']:.2f}, predicted "
+            f"{x['predicted_gib']:.2f}, error {100 * x['error']:+.1f}%{note}"
+        )
     lines += ["", "not evaluable yet:"]
     lines += [f"  {x['id']}: {x['error']}" for x in result["not_evaluable"]]
     return "\n".join(lines)
@@ -223,9 +289,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", action="store_true", help="print machine-readable JSON")
     parser.add_argument("--data", type=Path, default=DATA, help="the reports file (JSONL)")
-    parser.add_argument("--gpu-proxies", action="store_true",
-                        help="estimate GPUs the catalog lacks (A800, A40, H20) on a "
-                             "same-memory entry")
+    parser.add_argument(
+        "--gpu-proxies",
+        action="store_true",
+        help="estimate GPUs the catalog lacks (A800, A40, H20) on a " "same-memory entry",
+    )
     args = parser.parse_args(argv)
     result = evaluate(load_reports(args.data), GPU_PROXIES if args.gpu_proxies else None)
     print(json.dumps(result, indent=2) if args.json else render(result))

@@ -4,6 +4,7 @@ Run: .venv/bin/python benchmarks/wizard_first_prompt.py [--runs 5]
 Target (issue 3): median <= 0.5 s. Each run spawns the real console script in a fresh pty, waits
 for the first question's text, then presses Ctrl-C (which must leave no file behind).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,8 +31,14 @@ def time_first_prompt(out_dir: str) -> float:
     """Seconds from spawn until FIRST_QUESTION is printed; asserts Ctrl-C writes nothing."""
     env = {**os.environ, "COLUMNS": "120", "LINES": "40", "TERM": "xterm-256color"}
     start = time.perf_counter()
-    child = pexpect.spawn(zerofit_executable(), ["wizard", "--out", out_dir], env=env,
-                          dimensions=(40, 120), encoding="utf-8", timeout=30)
+    child = pexpect.spawn(
+        zerofit_executable(),
+        ["wizard", "--out", out_dir],
+        env=env,
+        dimensions=(40, 120),
+        encoding="utf-8",
+        timeout=30,
+    )
     child.expect(FIRST_QUESTION)
     elapsed = time.perf_counter() - start
     child.sendcontrol("c")
@@ -53,8 +60,10 @@ def main() -> int:
             times.append(time_first_prompt(os.path.join(tmp, f"run{i}")))
     median = statistics.median(times)
     print("runs (s): " + " ".join(f"{t:.3f}" for t in times))
-    print(f"median time to first prompt: {median:.3f} s (target <= {TARGET_S} s): "
-          f"{'OK' if median <= TARGET_S else 'SLOW'}")
+    print(
+        f"median time to first prompt: {median:.3f} s (target <= {TARGET_S} s): "
+        f"{'OK' if median <= TARGET_S else 'SLOW'}"
+    )
     return 0 if median <= TARGET_S else 1
 
 

@@ -5,6 +5,7 @@ Each recipe imports this file from its own folder; it needs only torch, accelera
 and pyyaml (the zerofit package is not required to run a recipe). What a recipe *does* (its data
 format, loss and loop) stays in the recipe file; this module holds only what all three share.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -66,8 +67,11 @@ def convert_value(name: str, value, type_name: str, source: str):
     if value is None:
         fail(name, f"{source} gives null", f"give {name} a {type_name} value or leave it out")
     if isinstance(value, (list, dict)):
-        fail(name, f"{source} gives a {type(value).__name__} ({value!r})",
-             f"give one {type_name} value" + (', e.g. "1,0.2"' if type_name == "str" else ""))
+        fail(
+            name,
+            f"{source} gives a {type(value).__name__} ({value!r})",
+            f"give one {type_name} value" + (', e.g. "1,0.2"' if type_name == "str" else ""),
+        )
     if type_name == "bool":
         if isinstance(value, bool):
             return value
@@ -108,8 +112,11 @@ def read_config_file(path: str, field_names: set[str]) -> dict:
     if values is None:
         return {}
     if not isinstance(values, dict):
-        fail("config", f"{path} holds a {type(values).__name__}, not key: value lines",
-             "write `key: value` lines")
+        fail(
+            "config",
+            f"{path} holds a {type(values).__name__}, not key: value lines",
+            "write `key: value` lines",
+        )
     unknown = set(values) - field_names
     if unknown:
         fail("config", f"unknown keys {sorted(unknown)} in {path}", "use the names in `--help`")
@@ -132,12 +139,18 @@ def parse_args(args_class, argv, program: str, description: str):
     known, _ = pre.parse_known_args(argv)
     from_file = read_config_file(known.config, set(fields)) if known.config else {}
 
-    parser = OneLineArgumentParser(prog=program, description=description, parents=[pre],
-                                   allow_abbrev=False)  # --max-step is a typo, not --max-steps
+    parser = OneLineArgumentParser(
+        prog=program, description=description, parents=[pre], allow_abbrev=False
+    )  # --max-step is a typo, not --max-steps
     for name, field in fields.items():
         flags = sorted({f"--{name}", f"--{name.replace('_', '-')}"})
-        parser.add_argument(*flags, dest=name, default=None, metavar=str(field.type).upper(),
-                            help=f"default {field.default!r}")
+        parser.add_argument(
+            *flags,
+            dest=name,
+            default=None,
+            metavar=str(field.type).upper(),
+            help=f"default {field.default!r}",
+        )
     given = vars(parser.parse_args(argv))
     values = {}
     for name, field in fields.items():
@@ -154,8 +167,11 @@ def check_at_least(args, minimum, *names: str) -> None:
         value = getattr(args, name)
         if value < minimum:
             word = "positive" if minimum == 1 else f"at least {minimum}"
-            fail(name, f"{value} is too small", f"use a {word} {name}" if minimum != 0 else
-                 f"use 0 or more for {name}")
+            fail(
+                name,
+                f"{value} is too small",
+                f"use a {word} {name}" if minimum != 0 else f"use 0 or more for {name}",
+            )
 
 
 def check_positive_float(args, *names: str) -> None:
@@ -166,8 +182,11 @@ def check_positive_float(args, *names: str) -> None:
 
 def check_choice(args, name: str, choices: tuple[str, ...]) -> None:
     if getattr(args, name) not in choices:
-        fail(name, f"{getattr(args, name)!r} is not one of {', '.join(choices)}",
-             f"use {' or '.join(choices)}")
+        fail(
+            name,
+            f"{getattr(args, name)!r} is not one of {', '.join(choices)}",
+            f"use {' or '.join(choices)}",
+        )
 
 
 def check_run_args(args: RunArgs) -> None:
@@ -176,22 +195,31 @@ def check_run_args(args: RunArgs) -> None:
     check_at_least(args, 0, "save_every", "save_total_limit")
     check_positive_float(args, "learning_rate")
     if args.max_grad_norm < 0:
-        fail("max_grad_norm", f"{args.max_grad_norm} is negative",
-             "use 0 (no clipping) or a positive norm")
+        fail(
+            "max_grad_norm",
+            f"{args.max_grad_norm} is negative",
+            "use 0 (no clipping) or a positive norm",
+        )
     if not args.output_dir:
         fail("output_dir", "is empty", "pass --output-dir DIR")
     if os.path.exists(args.output_dir) and not os.path.isdir(args.output_dir):
         fail("output_dir", f"{args.output_dir} is a file, not a directory", "pass a directory path")
     if args.resume_from and args.overwrite:
-        fail("overwrite", "--overwrite and --resume-from contradict each other",
-             "pass only one of them")
+        fail(
+            "overwrite",
+            "--overwrite and --resume-from contradict each other",
+            "pass only one of them",
+        )
 
 
 # ----------------------------------------------------------------------------- data files
 def looks_like_path(value: str) -> bool:
     """A dataset/model value meant as a local path rather than a hub name."""
-    return (value.startswith((".", "/", "~")) or value.count("/") > 1
-            or value.endswith((".json", ".jsonl", ".csv", ".parquet", ".txt")))
+    return (
+        value.startswith((".", "/", "~"))
+        or value.count("/") > 1
+        or value.endswith((".json", ".jsonl", ".csv", ".parquet", ".txt"))
+    )
 
 
 def read_rows(dataset: str, split: str) -> list[dict]:
@@ -203,14 +231,20 @@ def read_rows(dataset: str, split: str) -> list[dict]:
     try:
         import datasets  # optional: only for hub datasets
     except ImportError:
-        fail("dataset", f"{dataset!r} is not a local file and `datasets` is not installed",
-             "pass a .jsonl/.json file or `pip install datasets`")
+        fail(
+            "dataset",
+            f"{dataset!r} is not a local file and `datasets` is not installed",
+            "pass a .jsonl/.json file or `pip install datasets`",
+        )
     try:
         return list(datasets.load_dataset(dataset, split=split))
     except Exception as e:  # network, unknown name, bad split: one line in the library's words
         first = str(e).splitlines()[0] if str(e) else type(e).__name__
-        fail("dataset", f"cannot load {dataset!r} split {split!r}: {first}",
-             "check the name and split")
+        fail(
+            "dataset",
+            f"cannot load {dataset!r} split {split!r}: {first}",
+            "check the name and split",
+        )
 
 
 def read_json_rows(path: str) -> list[dict]:
@@ -222,8 +256,11 @@ def read_json_rows(path: str) -> list[dict]:
         except json.JSONDecodeError as e:
             fail("dataset", f"{path} is not JSON (line {e.lineno}: {e.msg})", "fix the file")
         if not isinstance(rows, list):
-            fail("dataset", f"{path} holds a {type(rows).__name__}, not a list of rows",
-                 "write a JSON list of objects, or one object per line in a .jsonl file")
+            fail(
+                "dataset",
+                f"{path} holds a {type(rows).__name__}, not a list of rows",
+                "write a JSON list of objects, or one object per line in a .jsonl file",
+            )
         return rows
     rows = []
     for number, line in enumerate(text.splitlines(), start=1):
@@ -232,8 +269,9 @@ def read_json_rows(path: str) -> list[dict]:
         try:
             rows.append(json.loads(line))
         except json.JSONDecodeError as e:
-            fail("dataset", f"{path} line {number} is not JSON ({e.msg})",
-                 "one JSON object per line")
+            fail(
+                "dataset", f"{path} line {number} is not JSON ({e.msg})", "one JSON object per line"
+            )
     return rows
 
 
@@ -244,15 +282,25 @@ def check_rows(rows: list, fields: tuple[str, ...], where: str) -> None:
         fail("dataset", f"{where} has no rows", f"give rows with {wanted}")
     for number, row in enumerate(rows, start=1):
         if not isinstance(row, dict):
-            fail("dataset", f"{where} row {number} is a {type(row).__name__}, not an object",
-                 f"give rows with {wanted}")
+            fail(
+                "dataset",
+                f"{where} row {number} is a {type(row).__name__}, not an object",
+                f"give rows with {wanted}",
+            )
         for field in fields:
             if field not in row:
-                fail(field, f"{where} row {number} has no `{field}`: needs rows with {wanted}",
-                     "rename your columns")
+                fail(
+                    field,
+                    f"{where} row {number} has no `{field}`: needs rows with {wanted}",
+                    "rename your columns",
+                )
             if not isinstance(row[field], str):
-                fail(field, f"{where} row {number}: `{field}` is a {type(row[field]).__name__}, "
-                     "not a string", f"make `{field}` a string")
+                fail(
+                    field,
+                    f"{where} row {number}: `{field}` is a {type(row[field]).__name__}, "
+                    "not a string",
+                    f"make `{field}` a string",
+                )
 
 
 def sample_indices(step: int, num_rows: int, per_step: int, seed: int) -> list[int]:
@@ -274,11 +322,11 @@ def sample_indices(step: int, num_rows: int, per_step: int, seed: int) -> list[i
 def rank_indices(step: int, num_rows: int, per_rank: int, world: int, rank: int, seed: int):
     """This rank's rows for `step` (1-based): its slice of the step's global batch."""
     everyone = sample_indices(step - 1, num_rows, per_rank * world, seed)
-    return everyone[rank * per_rank:(rank + 1) * per_rank]
+    return everyone[rank * per_rank : (rank + 1) * per_rank]
 
 
 def micro_batches(items: list, size: int) -> list[list]:
-    return [items[i:i + size] for i in range(0, len(items), size)]
+    return [items[i : i + size] for i in range(0, len(items), size)]
 
 
 def pad_right(rows: list[list[int]], value: int) -> torch.Tensor:
@@ -304,8 +352,9 @@ def build_tiny_tokenizer():
     # no merges: one token per character
     core = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
     core.decoder = decoders.Fuse()
-    tok = PreTrainedTokenizerFast(tokenizer_object=core, pad_token="<pad>", eos_token="<eos>",
-                                  unk_token="<unk>")
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=core, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>"
+    )
     tok.chat_template = TINY_CHAT_TEMPLATE
     return tok
 
@@ -314,11 +363,19 @@ def build_tiny_model(tokenizer, seed: int = 0, hidden: int = 64, layers: int = 2
     """Random-init Qwen2-architecture causal LM sized for CPU tests."""
     from transformers import AutoModelForCausalLM, Qwen2Config
 
-    cfg = Qwen2Config(vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=2 * hidden,
-                      num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
-                      max_position_embeddings=256, tie_word_embeddings=True,
-                      pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
-                      bos_token_id=None)
+    cfg = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        tie_word_embeddings=True,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=None,
+    )
     torch.manual_seed(seed)
     return AutoModelForCausalLM.from_config(cfg)
 
@@ -334,8 +391,11 @@ def load_tokenizer(args: RunArgs):
         try:
             tok = AutoTokenizer.from_pretrained(args.model)
         except Exception as e:  # OSError (not found / offline), ValueError (not a tokenizer), ...
-            fail("model", f"cannot load a tokenizer from {args.model!r}: {first_line(e)}",
-                 "pass a local model directory or a hub id reachable from here")
+            fail(
+                "model",
+                f"cannot load a tokenizer from {args.model!r}: {first_line(e)}",
+                "pass a local model directory or a hub id reachable from here",
+            )
     tok.pad_token = tok.pad_token or tok.eos_token
     return tok
 
@@ -349,8 +409,11 @@ def load_model(args: RunArgs, tokenizer):
     try:  # fp32 master weights; DeepSpeed/autocast compute in the config's bf16/fp16
         return AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
     except Exception as e:
-        fail("model", f"cannot load a causal LM from {args.model!r}: {first_line(e)}",
-             "pass a local model directory (config.json + weights) or a hub id")
+        fail(
+            "model",
+            f"cannot load a causal LM from {args.model!r}: {first_line(e)}",
+            "pass a local model directory (config.json + weights) or a hub id",
+        )
 
 
 def check_model_path(model: str) -> None:
@@ -360,8 +423,9 @@ def check_model_path(model: str) -> None:
     elif os.path.exists(model):
         fail("model", f"{model} is a file, not a model directory", "pass the directory holding it")
     elif looks_like_path(model):
-        fail("model", f"no such directory {model}",
-             "check the path, or give a hub id like org/name")
+        fail(
+            "model", f"no such directory {model}", "check the path, or give a hub id like org/name"
+        )
 
 
 def first_line(error: Exception) -> str:
@@ -387,21 +451,32 @@ def build_accelerator(args: RunArgs, project: str):
     # AcceleratorState._prepare_backend). DeepSpeed configs bring their own distributed setup.
     deepspeed = os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true"
     tracker = "tensorboard" if importlib.util.find_spec("tensorboard") else None
-    accelerator = Accelerator(gradient_accumulation_steps=args.gradient_accumulation_steps,
-                              kwargs_handlers=handlers, log_with=tracker,
-                              project_dir=args.output_dir, cpu=on_cpu and not deepspeed)
+    accelerator = Accelerator(
+        gradient_accumulation_steps=args.gradient_accumulation_steps,
+        kwargs_handlers=handlers,
+        log_with=tracker,
+        project_dir=args.output_dir,
+        cpu=on_cpu and not deepspeed,
+    )
     if multi and accelerator.distributed_type.value == "NO":
-        fail("accelerate config", f"{os.environ['WORLD_SIZE']} processes started but accelerate "
-             "set up no distributed training (each rank would train alone)",
-             "check the accelerate config's distributed_type")
+        fail(
+            "accelerate config",
+            f"{os.environ['WORLD_SIZE']} processes started but accelerate "
+            "set up no distributed training (each rank would train alone)",
+            "check the accelerate config's distributed_type",
+        )
     plugin = accelerator.state.deepspeed_plugin
     if plugin is None:
         return accelerator, -1
     cfg = plugin.deepspeed_config
     for block in ("optimizer", "scheduler"):
         if block in cfg:
-            fail("deepspeed_config", f"the DeepSpeed JSON has an `{block}` block, but the recipe "
-                 "builds its own AdamW and constant learning rate", f"delete the `{block}` block")
+            fail(
+                "deepspeed_config",
+                f"the DeepSpeed JSON has an `{block}` block, but the recipe "
+                "builds its own AdamW and constant learning rate",
+                f"delete the `{block}` block",
+            )
     reconcile_with_deepspeed(args, cfg, accelerator)
     zero_stage = int(cfg.get("zero_optimization", {}).get("stage", 0))
     if zero_stage == 3:  # the final save needs the 16-bit weights gathered (STACK.md)
@@ -411,9 +486,11 @@ def build_accelerator(args: RunArgs, project: str):
 
 
 # (DeepSpeed JSON key, recipe field)
-DEEPSPEED_OWNED = (("train_micro_batch_size_per_gpu", "per_device_batch_size"),
-                   ("gradient_accumulation_steps", "gradient_accumulation_steps"),
-                   ("gradient_clipping", "max_grad_norm"))
+DEEPSPEED_OWNED = (
+    ("train_micro_batch_size_per_gpu", "per_device_batch_size"),
+    ("gradient_accumulation_steps", "gradient_accumulation_steps"),
+    ("gradient_clipping", "max_grad_norm"),
+)
 
 
 @dataclasses.dataclass
@@ -435,8 +512,14 @@ def setup_run(args: RunArgs, project: str) -> tuple[Run, str]:
     """
     accelerator, zero_stage = build_accelerator(args, project)
     per_rank = args.per_device_batch_size * args.gradient_accumulation_steps
-    run = Run(accelerator, zero_stage, accelerator.num_processes, accelerator.process_index,
-              per_rank, per_rank * accelerator.num_processes)
+    run = Run(
+        accelerator,
+        zero_stage,
+        accelerator.num_processes,
+        accelerator.process_index,
+        per_rank,
+        per_rank * accelerator.num_processes,
+    )
     return run, claim_output_dir(accelerator, args)
 
 
@@ -445,8 +528,12 @@ def start_progress(accelerator, project: str, args, start_step: int):
     from tqdm.auto import tqdm
 
     accelerator.init_trackers(project, config=dataclasses.asdict(args))
-    return tqdm(total=args.max_steps, initial=start_step, desc=project,
-                disable=not accelerator.is_main_process)
+    return tqdm(
+        total=args.max_steps,
+        initial=start_step,
+        desc=project,
+        disable=not accelerator.is_main_process,
+    )
 
 
 def reconcile_with_deepspeed(args: RunArgs, cfg: dict, accelerator) -> None:
@@ -457,8 +544,11 @@ def reconcile_with_deepspeed(args: RunArgs, cfg: dict, accelerator) -> None:
         if value == "auto":
             cfg[key] = flag
         elif value != flag:
-            note(f"{field} {flag} -> {value}: the DeepSpeed config's `{key}` wins "
-                 "(set it to \"auto\" to use the flag)", accelerator)
+            note(
+                f"{field} {flag} -> {value}: the DeepSpeed config's `{key}` wins "
+                "(set it to \"auto\" to use the flag)",
+                accelerator,
+            )
             setattr(args, field, type(flag)(value))
 
 
@@ -483,8 +573,10 @@ def describe_setup(accelerator, zero_stage: int) -> str:
 
 
 # ----------------------------------------------------------------------------- run directory
-ARTIFACTS = re.compile(r"^(checkpoint-\d+|\.tmp-.*|latest|latest\.tmp|metrics\.jsonl|final"
-                       r"|ref_logps\.pt|sft|dpo|grpo)$")  # the last three: tensorboard logs
+ARTIFACTS = re.compile(
+    r"^(checkpoint-\d+|\.tmp-.*|latest|latest\.tmp|metrics\.jsonl|final"
+    r"|ref_logps\.pt|sft|dpo|grpo)$"
+)  # the last three: tensorboard logs
 
 
 def decide_start(args: RunArgs) -> str:
@@ -499,18 +591,27 @@ def decide_start(args: RunArgs) -> str:
         if found:
             return found
         if args.resume_from == "latest":
-            fail("resume_from", f"no complete checkpoint in {out}",
-                 "start without --resume-from, or use --resume-from auto")
+            fail(
+                "resume_from",
+                f"no complete checkpoint in {out}",
+                "start without --resume-from, or use --resume-from auto",
+            )
     elif args.resume_from:
         problem = checkpoint_problem(args.resume_from)
         if problem:
-            fail("resume_from", f"{args.resume_from}: {problem}",
-                 "pass `latest` or a complete checkpoint-STEP directory")
+            fail(
+                "resume_from",
+                f"{args.resume_from}: {problem}",
+                "pass `latest` or a complete checkpoint-STEP directory",
+            )
         return args.resume_from
     if os.path.isdir(out) and os.listdir(out) and not args.overwrite and args.resume_from != "auto":
-        fail("output_dir", f"{out} is not empty (an earlier run?)",
-             "add --resume-from latest to continue it, --overwrite to start over, "
-             "or pick another --output-dir")
+        fail(
+            "output_dir",
+            f"{out} is not empty (an earlier run?)",
+            "add --resume-from latest to continue it, --overwrite to start over, "
+            "or pick another --output-dir",
+        )
     return ""
 
 
@@ -528,9 +629,11 @@ def claim_output_dir(accelerator, args: RunArgs) -> str:
 def check_resume_state(state: dict, key: str, value: int, what: str) -> None:
     """The data order is a function of (step, rows per step): a different batch would shift it."""
     if state.get(key) != value:
-        fail("resume_from",
-             f"the checkpoint used {state.get(key)} {what} per step, this run {value}",
-             "resume with the same global batch (micro-batch x processes x accumulation)")
+        fail(
+            "resume_from",
+            f"the checkpoint used {state.get(key)} {what} per step, this run {value}",
+            "resume with the same global batch (micro-batch x processes x accumulation)",
+        )
 
 
 def start_fresh_directory(output_dir: str) -> None:
@@ -616,7 +719,7 @@ def rotate_checkpoints(output_dir: str, keep: int) -> None:
 
 
 def checkpoint_problem(path: str) -> str:
-    """"" when `path` is a complete checkpoint, else what is wrong with it."""
+    """ "" when `path` is a complete checkpoint, else what is wrong with it."""
     state_path = os.path.join(path, "trainer_state.json")
     if not os.path.isfile(state_path):
         return "no trainer_state.json (not a checkpoint, or its save was cut off)"

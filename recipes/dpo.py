@@ -17,6 +17,7 @@ Without flags: a tiny random-init model learns to prefer "3+4=7" over "3+4=3+4" 
 
 A step = per_device_batch_size x processes x gradient_accumulation_steps preference pairs.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -75,11 +76,11 @@ def load_rows(args: Args) -> list[dict]:
 
 def tokenize_pair(tok, row: dict, args: Args) -> dict:
     """Token ids of the prompt (its end kept) and of each answer + EOS (its start kept)."""
-    prompt = tok(row["prompt"], add_special_tokens=True).input_ids[-args.max_prompt_len:]
+    prompt = tok(row["prompt"], add_special_tokens=True).input_ids[-args.max_prompt_len :]
     answers = {}
     for side in ("chosen", "rejected"):
         ids = tok(row[side], add_special_tokens=False).input_ids + [tok.eos_token_id]
-        answers[side] = ids[:args.max_completion_len]
+        answers[side] = ids[: args.max_completion_len]
     return {"prompt": prompt, **answers}
 
 
@@ -90,16 +91,21 @@ def collate_pairs(pairs: list[dict], pad_id: int, device) -> dict:
         for pair in pairs:
             sequences.append(pair["prompt"] + pair[side])
             masks.append([0] * len(pair["prompt"]) + [1] * len(pair[side]))
-    return {"input_ids": common.pad_right(sequences, pad_id).to(device),
-            "attention_mask": common.pad_right([[1] * len(s) for s in sequences], 0).to(device),
-            "answer_mask": common.pad_right(masks, 0).to(device)}
+    return {
+        "input_ids": common.pad_right(sequences, pad_id).to(device),
+        "attention_mask": common.pad_right([[1] * len(s) for s in sequences], 0).to(device),
+        "answer_mask": common.pad_right(masks, 0).to(device),
+    }
 
 
 # ----------------------------------------------------------------------------- loss
 def sequence_logprobs(model, batch: dict) -> torch.Tensor:
     """Sum of the answer tokens' log-probs per sequence, [2B]."""
-    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                   use_cache=False).logits[:, :-1].float()
+    logits = (
+        model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False)
+        .logits[:, :-1]
+        .float()
+    )
     targets = batch["input_ids"][:, 1:]
     per_token = torch.gather(logits.log_softmax(-1), 2, targets[..., None]).squeeze(-1)
     return (per_token * batch["answer_mask"][:, 1:]).sum(1)
@@ -170,8 +176,11 @@ def reference_table(args: Args, run: common.Run, model, pairs, pad_id: int, star
     path = os.path.join(args.output_dir, "ref_logps.pt")
     if start_step:
         if not os.path.isfile(path):
-            fail("resume_from", f"{path} is missing (the reference log-probs of this run)",
-                 "resume in the run directory that holds it, or start over")
+            fail(
+                "resume_from",
+                f"{path} is missing (the reference log-probs of this run)",
+                "resume in the run directory that holds it, or start over",
+            )
         return torch.load(path).to(run.accelerator.device)
     table = precompute_reference(args, run, model, pairs, pad_id)
     if run.accelerator.is_main_process:
@@ -203,8 +212,9 @@ def reference_logprobs(args: Args, run: common.Run, ref, ref_table, indices, bat
         return sequence_logprobs(ref, batch).chunk(2)
 
 
-def train_step(args: Args, run: common.Run, model, optimizer, ref, ref_table, pairs, picked,
-               pad_id):
+def train_step(
+    args: Args, run: common.Run, model, optimizer, ref, ref_table, pairs, picked, pad_id
+):
     """One optimizer step over this rank's pairs; returns per-pair sums for the metrics."""
     accelerator = run.accelerator
     clip_here = accelerator.state.deepspeed_plugin is None and args.max_grad_norm
@@ -216,17 +226,26 @@ def train_step(args: Args, run: common.Run, model, optimizer, ref, ref_table, pa
         with accelerator.accumulate(model):
             with accelerator.autocast():
                 policy_chosen, policy_rejected = sequence_logprobs(model, batch).chunk(2)
-            loss, chosen, rejected = dpo_loss(policy_chosen, policy_rejected, ref_chosen.float(),
-                                              ref_rejected.float(), args.beta)
+            loss, chosen, rejected = dpo_loss(
+                policy_chosen, policy_rejected, ref_chosen.float(), ref_rejected.float(), args.beta
+            )
             accelerator.backward(loss)
             if accelerator.sync_gradients and clip_here:  # DeepSpeed clips by its JSON
                 accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
             optimizer.step()
             optimizer.zero_grad()
         n = len(chunk)
-        sums += torch.tensor([loss.item() * n, float(chosen.sum()), float(rejected.sum()),
-                              float((chosen > rejected).sum()), n], device=accelerator.device,
-                             dtype=torch.float64)
+        sums += torch.tensor(
+            [
+                loss.item() * n,
+                float(chosen.sum()),
+                float(rejected.sum()),
+                float((chosen > rejected).sum()),
+                n,
+            ],
+            device=accelerator.device,
+            dtype=torch.float64,
+        )
         seen += int(batch["attention_mask"].sum())
     return sums, seen
 
@@ -236,10 +255,17 @@ def step_metrics(run: common.Run, step: int, sums: torch.Tensor, seen: int, seco
     accelerator = run.accelerator
     seen_all = int(accelerator.reduce(torch.tensor([seen], device=accelerator.device), "sum"))
     loss, chosen, rejected, correct, pairs = accelerator.reduce(sums, "sum").tolist()
-    return {"step": step, "loss": loss / pairs, "reward_chosen": chosen / pairs,
-            "reward_rejected": rejected / pairs, "reward_margin": (chosen - rejected) / pairs,
-            "reward_accuracy": correct / pairs, "tokens": seen_all, "tok_s": seen_all / seconds,
-            "step_s": seconds}
+    return {
+        "step": step,
+        "loss": loss / pairs,
+        "reward_chosen": chosen / pairs,
+        "reward_rejected": rejected / pairs,
+        "reward_margin": (chosen - rejected) / pairs,
+        "reward_accuracy": correct / pairs,
+        "tokens": seen_all,
+        "tok_s": seen_all / seconds,
+        "step_s": seconds,
+    }
 
 
 # ----------------------------------------------------------------------------- main
@@ -257,27 +283,33 @@ def main(argv=None) -> None:
         ref_table = reference_table(args, run, model, pairs, tok.pad_token_id, start_step)
     accelerator = run.accelerator
     reference = "precomputed" if args.precompute_ref else "a frozen model"
-    accelerator.print(f"dpo: {common.describe_setup(accelerator, run.zero_stage)}, "
-                      f"{len(pairs)} pairs, {run.rows_per_step} per step, reference {reference}, "
-                      f"micro-batch {args.per_device_batch_size}, "
-                      f"accumulation {args.gradient_accumulation_steps}")
+    accelerator.print(
+        f"dpo: {common.describe_setup(accelerator, run.zero_stage)}, "
+        f"{len(pairs)} pairs, {run.rows_per_step} per step, reference {reference}, "
+        f"micro-batch {args.per_device_batch_size}, "
+        f"accumulation {args.gradient_accumulation_steps}"
+    )
     bar = common.start_progress(accelerator, "dpo", args, start_step)
 
     for step in range(start_step + 1, args.max_steps + 1):
         started = time.time()
-        picked = common.rank_indices(step, len(pairs), run.per_rank, run.world, run.rank,
-                                     args.seed)
-        sums, seen = train_step(args, run, model, optimizer, ref, ref_table, pairs, picked,
-                                tok.pad_token_id)
+        picked = common.rank_indices(step, len(pairs), run.per_rank, run.world, run.rank, args.seed)
+        sums, seen = train_step(
+            args, run, model, optimizer, ref, ref_table, pairs, picked, tok.pad_token_id
+        )
         metrics = step_metrics(run, step, sums, seen, time.time() - started)
         metrics_log.write(metrics)
         accelerator.log(metrics, step=step)
-        bar.set_postfix(loss=f"{metrics['loss']:.4f}", margin=f"{metrics['reward_margin']:.3f}",
-                        refresh=False)
+        bar.set_postfix(
+            loss=f"{metrics['loss']:.4f}", margin=f"{metrics['reward_margin']:.3f}", refresh=False
+        )
         bar.update(1)
         if args.save_every and (step % args.save_every == 0 or step == args.max_steps):
-            state = {"step": step, "rows_per_step": run.rows_per_step,
-                     "rows_seen": step * run.rows_per_step}
+            state = {
+                "step": step,
+                "rows_per_step": run.rows_per_step,
+                "rows_seen": step * run.rows_per_step,
+            }
             common.save_checkpoint(accelerator, args.output_dir, step, state, args.save_total_limit)
     bar.close()
 

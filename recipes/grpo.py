@@ -16,6 +16,7 @@ built-in toy task ("3+4=" -> "7") offline, on CPU, in a couple of minutes.
 A step = per_device_batch_size x processes x gradient_accumulation_steps completions
 (/ num_generations prompts).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -116,12 +117,19 @@ def parse_args(argv=None) -> Args:
 def check_args(args: Args) -> None:
     common.check_run_args(args)
     if args.num_generations < 2:
-        fail("num_generations", f"{args.num_generations} leaves a group nothing to compare "
-             "(advantages would be 0 or NaN)", "use at least 2, e.g. 8")
+        fail(
+            "num_generations",
+            f"{args.num_generations} leaves a group nothing to compare "
+            "(advantages would be 0 or NaN)",
+            "use at least 2, e.g. 8",
+        )
     common.check_at_least(args, 1, "max_prompt_len", "max_completion_len", "num_iterations")
     if args.temperature <= 0:
-        fail("temperature", f"{args.temperature} cannot sample (log-probs divide by it)",
-             "use a positive temperature, e.g. 1.0")
+        fail(
+            "temperature",
+            f"{args.temperature} cannot sample (log-probs divide by it)",
+            "use a positive temperature, e.g. 1.0",
+        )
     common.check_positive_float(args, "epsilon")
     for name in ("beta", "epsilon_high"):
         if getattr(args, name) < 0:
@@ -139,11 +147,18 @@ def parse_rewards(args: Args) -> tuple[list[str], list[float]]:
     try:
         weights = [float(w) for w in str(args.reward_weights).split(",")]
     except ValueError:
-        fail("reward_weights", f"{args.reward_weights!r} is not a list of numbers",
-             'give one number per reward, comma-separated, e.g. "1,0.2"')
+        fail(
+            "reward_weights",
+            f"{args.reward_weights!r} is not a list of numbers",
+            'give one number per reward, comma-separated, e.g. "1,0.2"',
+        )
     if len(weights) != len(names) or not all(abs(w) < float("inf") for w in weights):
-        fail("reward_weights", f"{len(weights)} weight(s) {args.reward_weights!r} for "
-             f"{len(names)} reward(s) {args.rewards!r}", "give one finite weight per reward")
+        fail(
+            "reward_weights",
+            f"{len(weights)} weight(s) {args.reward_weights!r} for "
+            f"{len(names)} reward(s) {args.rewards!r}",
+            "give one finite weight per reward",
+        )
     return names, weights
 
 
@@ -163,8 +178,9 @@ def load_rows(args: Args) -> list[dict]:
 
 
 # ----------------------------------------------------------------------------- loss
-def group_advantages(rewards: torch.Tensor, num_generations: int, scale: bool = True,
-                     eps: float = 1e-4) -> torch.Tensor:
+def group_advantages(
+    rewards: torch.Tensor, num_generations: int, scale: bool = True, eps: float = 1e-4
+) -> torch.Tensor:
     """(r - mean of its group) / (std of its group + eps); a group = `num_generations` in a row.
 
     >>> group_advantages(torch.tensor([1.0, 0.0, 2.0, 2.0]), 2, scale=False).tolist()
@@ -177,8 +193,18 @@ def group_advantages(rewards: torch.Tensor, num_generations: int, scale: bool = 
     return advantages.reshape(-1)
 
 
-def grpo_loss(logp, old_logp, advantages, mask, ref_logp=None, beta=0.0, eps_low=0.2,
-              eps_high=0.2, loss_type="grpo", num_tokens=None):
+def grpo_loss(
+    logp,
+    old_logp,
+    advantages,
+    mask,
+    ref_logp=None,
+    beta=0.0,
+    eps_low=0.2,
+    eps_high=0.2,
+    loss_type="grpo",
+    num_tokens=None,
+):
     """Clipped policy-ratio loss (+ beta x k3 KL to a reference) over [B, T] token tensors.
 
     `grpo` averages each sequence over its tokens, then over sequences; `dapo` divides the token
@@ -202,8 +228,10 @@ def grpo_loss(logp, old_logp, advantages, mask, ref_logp=None, beta=0.0, eps_low
         raise ValueError(f"loss_type must be grpo or dapo, not {loss_type!r}")
     n = mask.sum().clamp(min=1)
     was_clipped = (clipped_ratio * adv < ratio * adv).to(mask.dtype)
-    stats = {"kl": float((kl.detach() * mask).sum() / n),
-             "clip_frac": float((was_clipped * mask).sum() / n)}
+    stats = {
+        "kl": float((kl.detach() * mask).sum() / n),
+        "clip_frac": float((was_clipped * mask).sum() / n),
+    }
     return loss, stats
 
 
@@ -211,7 +239,7 @@ def token_logprobs(model, ids, attn, completion_len: int, temperature: float):
     """Log-probabilities of the last `completion_len` tokens of `ids` under `model`."""
     positions = (attn.long().cumsum(-1) - 1).clamp(min=0)  # left padding: count real tokens only
     out = model(input_ids=ids, attention_mask=attn, position_ids=positions, use_cache=False)
-    logits = out.logits[:, -completion_len - 1:-1].float() / temperature
+    logits = out.logits[:, -completion_len - 1 : -1].float() / temperature
     picked = torch.gather(logits, 2, ids[:, -completion_len:, None]).squeeze(-1)
     return picked - torch.logsumexp(logits, dim=-1)
 
@@ -252,13 +280,23 @@ def setup(args: Args) -> tuple[Run, str]:
     group = args.num_generations
     local_n = mb * ga
     if (local_n * world) % group:
-        fail("num_generations", f"per_device_batch_size {mb} x processes {world} x "
-             f"gradient_accumulation_steps {ga} = {local_n * world} completions per step is not "
-             f"divisible by num_generations {group}",
-             "change one of them so the product is a multiple of num_generations")
+        fail(
+            "num_generations",
+            f"per_device_batch_size {mb} x processes {world} x "
+            f"gradient_accumulation_steps {ga} = {local_n * world} completions per step is not "
+            f"divisible by num_generations {group}",
+            "change one of them so the product is a multiple of num_generations",
+        )
     chunks = [slice(i * mb, (i + 1) * mb) for i in range(ga)]
-    run = Run(accelerator, zero_stage, world, accelerator.process_index, local_n,
-              local_n * world // group, chunks)
+    run = Run(
+        accelerator,
+        zero_stage,
+        world,
+        accelerator.process_index,
+        local_n,
+        local_n * world // group,
+        chunks,
+    )
     resume_path = common.claim_output_dir(accelerator, args)
     return run, resume_path
 
@@ -316,13 +354,21 @@ def sample(accelerator, model, zero_stage: int, ids, attn, args: Args, tok):
     with gathered:
         module = accelerator.unwrap_model(model).eval()
         with accelerator.autocast():
-            out = module.generate(input_ids=ids, attention_mask=attn, do_sample=True,
-                                  temperature=args.temperature, top_k=0, top_p=1.0,
-                                  max_new_tokens=args.max_completion_len, use_cache=True,
-                                  pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
-                                  cache_implementation=cache)
+            out = module.generate(
+                input_ids=ids,
+                attention_mask=attn,
+                do_sample=True,
+                temperature=args.temperature,
+                top_k=0,
+                top_p=1.0,
+                max_new_tokens=args.max_completion_len,
+                use_cache=True,
+                pad_token_id=tok.pad_token_id,
+                eos_token_id=tok.eos_token_id,
+                cache_implementation=cache,
+            )
         module.train()
-    return out[:, ids.shape[1]:]
+    return out[:, ids.shape[1] :]
 
 
 def format_prompt(tok, prompt: str, chat_template: bool) -> str:
@@ -332,8 +378,16 @@ def format_prompt(tok, prompt: str, chat_template: bool) -> str:
     return tok.apply_chat_template(message, tokenize=False, add_generation_prompt=True)
 
 
-def generate_rollout(args: Args, run: Run, model, tok, rows: list[dict], step: int,
-                     reward_names: list[str], weights: list[float]) -> dict:
+def generate_rollout(
+    args: Args,
+    run: Run,
+    model,
+    tok,
+    rows: list[dict],
+    step: int,
+    reward_names: list[str],
+    weights: list[float],
+) -> dict:
     """This rank's completions for step `step`, with rewards and group-normalised advantages.
 
     Every rank builds the same global list (each prompt repeated num_generations times) and
@@ -342,12 +396,14 @@ def generate_rollout(args: Args, run: Run, model, tok, rows: list[dict], step: i
     group = args.num_generations
     picked = [rows[i] for i in prompt_indices(step - 1, len(rows), run.prompts_per_step, args.seed)]
     repeated = [row for row in picked for _ in range(group)]
-    mine = repeated[run.rank * run.local_n:(run.rank + 1) * run.local_n]
+    mine = repeated[run.rank * run.local_n : (run.rank + 1) * run.local_n]
     prompts = [format_prompt(tok, row["prompt"], args.chat_template) for row in mine]
-    enc = tok(prompts, padding=True, truncation=True, max_length=args.max_prompt_len,
-              return_tensors="pt").to(device)
-    completions = sample(accelerator, model, run.zero_stage, enc.input_ids, enc.attention_mask,
-                         args, tok)
+    enc = tok(
+        prompts, padding=True, truncation=True, max_length=args.max_prompt_len, return_tensors="pt"
+    ).to(device)
+    completions = sample(
+        accelerator, model, run.zero_stage, enc.input_ids, enc.attention_mask, args, tok
+    )
     mask = completion_mask(completions, tok.eos_token_id)
     shown = completions * mask + tok.pad_token_id * (1 - mask)  # nothing after the first EOS
     texts = tok.batch_decode(shown, skip_special_tokens=True)
@@ -359,19 +415,29 @@ def generate_rollout(args: Args, run: Run, model, tok, rows: list[dict], step: i
     rewards = (per_fn * torch.tensor(weights, device=device)).sum(1)
     all_rewards = accelerator.gather(rewards)  # rank order == global order, so groups line up
     advantages = group_advantages(all_rewards, group, args.scale_rewards)
-    advantages = advantages[run.rank * run.local_n:(run.rank + 1) * run.local_n]
-    return {"sequences": torch.cat([enc.input_ids, completions], 1),
-            "attention": torch.cat([enc.attention_mask, mask], 1),
-            "completion_len": completions.shape[1], "mask": mask, "per_fn": per_fn,
-            "all_rewards": all_rewards, "advantages": advantages}
+    advantages = advantages[run.rank * run.local_n : (run.rank + 1) * run.local_n]
+    return {
+        "sequences": torch.cat([enc.input_ids, completions], 1),
+        "attention": torch.cat([enc.attention_mask, mask], 1),
+        "completion_len": completions.shape[1],
+        "mask": mask,
+        "per_fn": per_fn,
+        "all_rewards": all_rewards,
+        "advantages": advantages,
+    }
 
 
 # ----------------------------------------------------------------------------- update
 def rollout_logprobs(args: Args, run: Run, model, rollout: dict, chunk: slice):
     """Completion-token log-probs of one micro-batch of the rollout under `model`."""
     with run.accelerator.autocast():
-        return token_logprobs(model, rollout["sequences"][chunk], rollout["attention"][chunk],
-                             rollout["completion_len"], args.temperature)
+        return token_logprobs(
+            model,
+            rollout["sequences"][chunk],
+            rollout["attention"][chunk],
+            rollout["completion_len"],
+            args.temperature,
+        )
 
 
 def update_policy(args: Args, run: Run, model, ref, optimizer, rollout: dict) -> list[float]:
@@ -399,9 +465,18 @@ def update_policy(args: Args, run: Run, model, ref, optimizer, rollout: dict) ->
                 logp = rollout_logprobs(args, run, model, rollout, chunk)
                 old_logp = old[chunk] if old is not None else logp.detach()
                 chunk_ref = ref_lp[chunk] if ref_lp is not None else None
-                loss, stats = grpo_loss(logp, old_logp, advantages[chunk], mask[chunk], chunk_ref,
-                                        args.beta, args.epsilon, args.epsilon_high or args.epsilon,
-                                        args.loss_type, num_tokens)
+                loss, stats = grpo_loss(
+                    logp,
+                    old_logp,
+                    advantages[chunk],
+                    mask[chunk],
+                    chunk_ref,
+                    args.beta,
+                    args.epsilon,
+                    args.epsilon_high or args.epsilon,
+                    args.loss_type,
+                    num_tokens,
+                )
                 accelerator.backward(loss)
                 if accelerator.sync_gradients and clip_here:  # DeepSpeed clips by its JSON
                     accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
@@ -413,22 +488,35 @@ def update_policy(args: Args, run: Run, model, ref, optimizer, rollout: dict) ->
 
 
 # ----------------------------------------------------------------------------- log
-def step_metrics(run: Run, step: int, rollout: dict, losses: list[float], names: list[str],
-                 seconds: float) -> dict:
+def step_metrics(
+    run: Run, step: int, rollout: dict, losses: list[float], names: list[str], seconds: float
+) -> dict:
     """One metrics row; one reduction for the losses, one gather for rewards and token counts."""
     accelerator = run.accelerator
-    loss, kl, clip_frac = accelerator.reduce(torch.tensor(losses, device=accelerator.device),
-                                             "mean").tolist()
+    loss, kl, clip_frac = accelerator.reduce(
+        torch.tensor(losses, device=accelerator.device), "mean"
+    ).tolist()
     fn_means = accelerator.gather(rollout["per_fn"]).mean(0).tolist()
     n_tokens = int(accelerator.gather(rollout["mask"].sum()[None]).sum())
     all_rewards = rollout["all_rewards"]
-    metrics = {"step": step, "reward": float(all_rewards.mean()),
-               "reward_std": float(all_rewards.std())}
+    metrics = {
+        "step": step,
+        "reward": float(all_rewards.mean()),
+        "reward_std": float(all_rewards.std()),
+    }
     for name, value in zip(names, fn_means):
         metrics[f"reward/{name}"] = value
-    metrics.update({"loss": loss, "kl": kl, "clip_frac": clip_frac,
-                    "completion_len": n_tokens / (run.local_n * run.world), "tokens": n_tokens,
-                    "tok_s": n_tokens / seconds, "step_s": seconds})
+    metrics.update(
+        {
+            "loss": loss,
+            "kl": kl,
+            "clip_frac": clip_frac,
+            "completion_len": n_tokens / (run.local_n * run.world),
+            "tokens": n_tokens,
+            "tok_s": n_tokens / seconds,
+            "step_s": seconds,
+        }
+    )
     return metrics
 
 
@@ -442,10 +530,12 @@ def main(argv=None) -> None:
     tok, model, ref, optimizer = build_models(args, run)
     start_step, metrics_log = resume_or_start(args, run, resume_path)
     accelerator = run.accelerator
-    accelerator.print(f"grpo: {common.describe_setup(accelerator, run.zero_stage)}, "
-                      f"{run.prompts_per_step} prompts x {args.num_generations} generations per "
-                      f"step, micro-batch {args.per_device_batch_size}, "
-                      f"accumulation {args.gradient_accumulation_steps}")
+    accelerator.print(
+        f"grpo: {common.describe_setup(accelerator, run.zero_stage)}, "
+        f"{run.prompts_per_step} prompts x {args.num_generations} generations per "
+        f"step, micro-batch {args.per_device_batch_size}, "
+        f"accumulation {args.gradient_accumulation_steps}"
+    )
     bar = common.start_progress(accelerator, "grpo", args, start_step)
 
     for step in range(start_step + 1, args.max_steps + 1):
@@ -455,12 +545,16 @@ def main(argv=None) -> None:
         metrics = step_metrics(run, step, rollout, losses, reward_names, time.time() - started)
         metrics_log.write(metrics)
         accelerator.log(metrics, step=step)  # no-op without trackers
-        bar.set_postfix(reward=f"{metrics['reward']:.3f}", loss=f"{metrics['loss']:.4f}",
-                        refresh=False)
+        bar.set_postfix(
+            reward=f"{metrics['reward']:.3f}", loss=f"{metrics['loss']:.4f}", refresh=False
+        )
         bar.update(1)
         if args.save_every and (step % args.save_every == 0 or step == args.max_steps):
-            state = {"step": step, "prompts_seen": step * run.prompts_per_step,
-                     "prompts_per_step": run.prompts_per_step}
+            state = {
+                "step": step,
+                "prompts_seen": step * run.prompts_per_step,
+                "prompts_per_step": run.prompts_per_step,
+            }
             common.save_checkpoint(accelerator, args.output_dir, step, state, args.save_total_limit)
     bar.close()
 

@@ -15,6 +15,7 @@ Without flags: a tiny random-init model learns the built-in toy task ("3+4=" -> 
 
 A step = per_device_batch_size x processes x gradient_accumulation_steps examples (or blocks).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -77,16 +78,28 @@ def check_sft_rows(rows: list, where: str) -> None:
 def check_messages(row, number: int, where: str) -> None:
     messages = row.get("messages") if isinstance(row, dict) else None
     if not isinstance(messages, list) or not messages:
-        fail("messages", f"{where} row {number}: `messages` is missing or not a list",
-             'give [{"role": "user", "content": ...}, {"role": "assistant", ...}]')
+        fail(
+            "messages",
+            f"{where} row {number}: `messages` is missing or not a list",
+            'give [{"role": "user", "content": ...}, {"role": "assistant", ...}]',
+        )
     for turn in messages:
-        if not isinstance(turn, dict) or not isinstance(turn.get("content"), str) \
-                or not isinstance(turn.get("role"), str):
-            fail("messages", f"{where} row {number}: a turn lacks a string `role` or `content`",
-                 "give each turn `role` and `content` strings")
+        if (
+            not isinstance(turn, dict)
+            or not isinstance(turn.get("content"), str)
+            or not isinstance(turn.get("role"), str)
+        ):
+            fail(
+                "messages",
+                f"{where} row {number}: a turn lacks a string `role` or `content`",
+                "give each turn `role` and `content` strings",
+            )
     if messages[-1]["role"] != "assistant":
-        fail("messages", f"{where} row {number}: the last turn is {messages[-1]['role']!r}",
-             "end each conversation with the assistant turn to learn")
+        fail(
+            "messages",
+            f"{where} row {number}: the last turn is {messages[-1]['role']!r}",
+            "end each conversation with the assistant turn to learn",
+        )
 
 
 def split_prompt_completion(tok, row: dict) -> tuple[str, str, bool]:
@@ -97,15 +110,22 @@ def split_prompt_completion(tok, row: dict) -> tuple[str, str, bool]:
     if "messages" not in row:
         return row["prompt"], row["completion"], True
     if not tok.chat_template:
-        fail("messages", "rows use `messages` but the tokenizer has no chat template",
-             "use prompt/completion rows or a model whose tokenizer has a chat template")
-    prompt = tok.apply_chat_template(row["messages"][:-1], tokenize=False,
-                                     add_generation_prompt=True)
+        fail(
+            "messages",
+            "rows use `messages` but the tokenizer has no chat template",
+            "use prompt/completion rows or a model whose tokenizer has a chat template",
+        )
+    prompt = tok.apply_chat_template(
+        row["messages"][:-1], tokenize=False, add_generation_prompt=True
+    )
     full = tok.apply_chat_template(row["messages"], tokenize=False)
     if not full.startswith(prompt):
-        fail("messages", "the chat template renders the prompt differently inside the full "
-             "conversation", "use prompt/completion rows for this tokenizer")
-    return prompt, full[len(prompt):], False
+        fail(
+            "messages",
+            "the chat template renders the prompt differently inside the full " "conversation",
+            "use prompt/completion rows for this tokenizer",
+        )
+    return prompt, full[len(prompt) :], False
 
 
 def tokenize_row(tok, row: dict, max_seq_len: int) -> tuple[list[int], list[int]]:
@@ -147,17 +167,22 @@ def build_examples(args: Args, tok, rows: list[dict]) -> list[tuple[list[int], l
         examples = pack(examples, args.max_seq_len)
     trainable = [e for e in examples if any(label != IGNORE for label in e[1])]
     if not trainable:
-        fail("max_seq_len", f"{args.max_seq_len} tokens leave no completion token to learn",
-             "raise --max-seq-len or shorten the prompts")
+        fail(
+            "max_seq_len",
+            f"{args.max_seq_len} tokens leave no completion token to learn",
+            "raise --max-seq-len or shorten the prompts",
+        )
     return trainable
 
 
 def collate(examples: list, pad_id: int, device) -> dict:
     """A right-padded micro-batch: input_ids, attention_mask, labels."""
     ids = [e[0] for e in examples]
-    return {"input_ids": common.pad_right(ids, pad_id).to(device),
-            "attention_mask": common.pad_right([[1] * len(i) for i in ids], 0).to(device),
-            "labels": common.pad_right([e[1] for e in examples], IGNORE).to(device)}
+    return {
+        "input_ids": common.pad_right(ids, pad_id).to(device),
+        "attention_mask": common.pad_right([[1] * len(i) for i in ids], 0).to(device),
+        "labels": common.pad_right([e[1] for e in examples], IGNORE).to(device),
+    }
 
 
 # ----------------------------------------------------------------------------- loss
@@ -169,9 +194,12 @@ def sft_loss(logits: torch.Tensor, labels: torch.Tensor, num_tokens=None) -> tor
     different lengths weigh each token the same."""
     logits = logits[:, :-1].float()
     targets = labels[:, 1:]
-    total = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
-                                              targets.reshape(-1), ignore_index=IGNORE,
-                                              reduction="sum")
+    total = torch.nn.functional.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]),
+        targets.reshape(-1),
+        ignore_index=IGNORE,
+        reduction="sum",
+    )
     if num_tokens is None:
         num_tokens = (targets != IGNORE).sum().clamp(min=1)
     return total / num_tokens
@@ -221,8 +249,11 @@ def train_step(args: Args, run: common.Run, model, optimizer, batch: list, pad_i
         inputs = collate(chunk, pad_id, accelerator.device)
         with accelerator.accumulate(model):
             with accelerator.autocast():
-                logits = model(input_ids=inputs["input_ids"],
-                               attention_mask=inputs["attention_mask"], use_cache=False).logits
+                logits = model(
+                    input_ids=inputs["input_ids"],
+                    attention_mask=inputs["attention_mask"],
+                    use_cache=False,
+                ).logits
             loss = sft_loss(logits, inputs["labels"], num_tokens)
             accelerator.backward(loss)
             if accelerator.sync_gradients and clip_here:  # DeepSpeed clips by its JSON
@@ -237,11 +268,20 @@ def train_step(args: Args, run: common.Run, model, optimizer, batch: list, pad_i
 def step_metrics(run: common.Run, step: int, sums: dict, seconds: float) -> dict:
     """Token-mean loss over every rank's completion tokens, and tokens/s of all tokens seen."""
     accelerator = run.accelerator
-    totals = torch.tensor([sums["loss_sum"], sums["labelled"], sums["seen"]],
-                          device=accelerator.device, dtype=torch.float64)
+    totals = torch.tensor(
+        [sums["loss_sum"], sums["labelled"], sums["seen"]],
+        device=accelerator.device,
+        dtype=torch.float64,
+    )
     loss_sum, labelled, seen = accelerator.reduce(totals, "sum").tolist()
-    return {"step": step, "loss": loss_sum / max(labelled, 1), "completion_tokens": int(labelled),
-            "tokens": int(seen), "tok_s": seen / seconds, "step_s": seconds}
+    return {
+        "step": step,
+        "loss": loss_sum / max(labelled, 1),
+        "completion_tokens": int(labelled),
+        "tokens": int(seen),
+        "tok_s": seen / seconds,
+        "step_s": seconds,
+    }
 
 
 # ----------------------------------------------------------------------------- main
@@ -255,26 +295,33 @@ def main(argv=None) -> None:
     model, optimizer = build_model(args, run, tok)
     start_step, metrics_log = resume_or_start(args, run, resume_path)
     accelerator = run.accelerator
-    accelerator.print(f"sft: {common.describe_setup(accelerator, run.zero_stage)}, "
-                      f"{len(examples)} {'blocks' if args.packing else 'examples'}, "
-                      f"{run.rows_per_step} per step, micro-batch {args.per_device_batch_size}, "
-                      f"accumulation {args.gradient_accumulation_steps}")
+    accelerator.print(
+        f"sft: {common.describe_setup(accelerator, run.zero_stage)}, "
+        f"{len(examples)} {'blocks' if args.packing else 'examples'}, "
+        f"{run.rows_per_step} per step, micro-batch {args.per_device_batch_size}, "
+        f"accumulation {args.gradient_accumulation_steps}"
+    )
     bar = common.start_progress(accelerator, "sft", args, start_step)
 
     for step in range(start_step + 1, args.max_steps + 1):
         started = time.time()
-        picked = common.rank_indices(step, len(examples), run.per_rank, run.world, run.rank,
-                                     args.seed)
-        sums = train_step(args, run, model, optimizer, [examples[i] for i in picked],
-                          tok.pad_token_id)
+        picked = common.rank_indices(
+            step, len(examples), run.per_rank, run.world, run.rank, args.seed
+        )
+        sums = train_step(
+            args, run, model, optimizer, [examples[i] for i in picked], tok.pad_token_id
+        )
         metrics = step_metrics(run, step, sums, time.time() - started)
         metrics_log.write(metrics)
         accelerator.log(metrics, step=step)
         bar.set_postfix(loss=f"{metrics['loss']:.4f}", refresh=False)
         bar.update(1)
         if args.save_every and (step % args.save_every == 0 or step == args.max_steps):
-            state = {"step": step, "rows_per_step": run.rows_per_step,
-                     "rows_seen": step * run.rows_per_step}
+            state = {
+                "step": step,
+                "rows_per_step": run.rows_per_step,
+                "rows_seen": step * run.rows_per_step,
+            }
             common.save_checkpoint(accelerator, args.output_dir, step, state, args.save_total_limit)
     bar.close()
 

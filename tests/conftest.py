@@ -1,4 +1,5 @@
 """Shared fixtures: free TCP ports, Plans built directly from answers, tiny local model directories."""
+
 from __future__ import annotations
 
 import json
@@ -27,8 +28,14 @@ def free_port() -> int:
     return find_free_port()
 
 
-def build_plan(hidden_size: int = 64, params: int = 1_000_000, peak_gib: float = 1.0, fits: bool = True,
-               grad_accum: int = 1, **answer_fields):
+def build_plan(
+    hidden_size: int = 64,
+    params: int = 1_000_000,
+    peak_gib: float = 1.0,
+    fits: bool = True,
+    grad_accum: int = 1,
+    **answer_fields,
+):
     """A Plan made directly from Answers fields (no planner): stage/offload/micro taken from the answers.
 
     Unset knobs default to stage 2, no offload, micro batch 1, precision bf16.
@@ -42,12 +49,24 @@ def build_plan(hidden_size: int = 64, params: int = 1_000_000, peak_gib: float =
     answer_fields.setdefault("precision", "bf16")
     answers = validate_answers(Answers(**answer_fields))
     world = answers.world_size
-    return Plan(answers=answers, gpu=lookup(answers.gpu), model_name=answers.model, params=params,
-                hidden_size=hidden_size, precision=answers.precision, world_size=world, stage=answers.stage,
-                offload_optimizer=answers.offload_optimizer or "none", offload_param=answers.offload_param or "none",
-                gradient_checkpointing=bool(answers.gradient_checkpointing), micro_batch=answers.micro_batch,
-                grad_accum=grad_accum, global_batch=answers.micro_batch * grad_accum * world, peak_gib=peak_gib,
-                fits=fits)
+    return Plan(
+        answers=answers,
+        gpu=lookup(answers.gpu),
+        model_name=answers.model,
+        params=params,
+        hidden_size=hidden_size,
+        precision=answers.precision,
+        world_size=world,
+        stage=answers.stage,
+        offload_optimizer=answers.offload_optimizer or "none",
+        offload_param=answers.offload_param or "none",
+        gradient_checkpointing=bool(answers.gradient_checkpointing),
+        micro_batch=answers.micro_batch,
+        grad_accum=grad_accum,
+        global_batch=answers.micro_batch * grad_accum * world,
+        peak_gib=peak_gib,
+        fits=fits,
+    )
 
 
 @pytest.fixture
@@ -56,22 +75,32 @@ def plan_factory():
     return build_plan
 
 
-def write_tiny_model_dir(path: Path, hidden_size: int = 64, layers: int = 2, vocab_size: int = 128) -> Path:
+def write_tiny_model_dir(
+    path: Path, hidden_size: int = 64, layers: int = 2, vocab_size: int = 128
+) -> Path:
     """A local Qwen2 model directory: config.json + a word-level tokenizer (no weights, no downloads)."""
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast, Qwen2Config
 
     path.mkdir(parents=True, exist_ok=True)
-    Qwen2Config(vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=2 * hidden_size,
-                num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
-                max_position_embeddings=256, tie_word_embeddings=True).save_pretrained(path)
+    Qwen2Config(
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        tie_word_embeddings=True,
+    ).save_pretrained(path)
     specials = ["<pad>", "<eos>", "<unk>"]
     words = [str(i) for i in range(vocab_size - len(specials))]
     vocab = {w: i for i, w in enumerate(specials + words)}
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>",
-                            unk_token="<unk>").save_pretrained(path)
+    PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>"
+    ).save_pretrained(path)
     return path
 
 

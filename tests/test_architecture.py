@@ -2,6 +2,7 @@
 
 Static (ast over src/zerofit, lazy imports inside functions included), so it costs no imports.
 """
+
 from __future__ import annotations
 
 import ast

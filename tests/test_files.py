@@ -1,7 +1,8 @@
 """write_files: atomic, refuses to overwrite without force, writes nothing when any target exists.
 
-    .venv/bin/python -m pytest tests/test_files.py -q
+.venv/bin/python -m pytest tests/test_files.py -q
 """
+
 from __future__ import annotations
 
 import os
@@ -17,7 +18,9 @@ def test_creates_directory_and_writes_all(tmp_path):
     out = tmp_path / "a" / "b"
     paths = write_files(out, {"x.json": "{}\n", "sub/y.yaml": "k: v\n"})
     assert [p.name for p in paths] == ["x.json", "y.yaml"]
-    assert (out / "x.json").read_text() == "{}\n" and (out / "sub" / "y.yaml").read_text() == "k: v\n"
+    assert (out / "x.json").read_text() == "{}\n" and (
+        out / "sub" / "y.yaml"
+    ).read_text() == "k: v\n"
     assert oct((out / "x.json").stat().st_mode & 0o777) == "0o644"
     assert sorted(os.listdir(out)) == ["sub", "x.json"]  # no temp files left behind
 
@@ -71,14 +74,22 @@ def test_concurrent_writers_never_overwrite_each_other(tmp_path):
     import subprocess
     import sys
 
-    code = ("import sys; from zerofit.files import write_files; from zerofit.errors import "
-            "ZerofitError\ntry:\n    write_files(sys.argv[1], {'a.json': sys.argv[2], "
-            "'b.yaml': sys.argv[2]})\n    print('wrote')\nexcept ZerofitError as e:\n"
-            "    print('refused')\n")
+    code = (
+        "import sys; from zerofit.files import write_files; from zerofit.errors import "
+        "ZerofitError\ntry:\n    write_files(sys.argv[1], {'a.json': sys.argv[2], "
+        "'b.yaml': sys.argv[2]})\n    print('wrote')\nexcept ZerofitError as e:\n"
+        "    print('refused')\n"
+    )
     for attempt in range(5):
         out = tmp_path / f"run{attempt}"
-        procs = [subprocess.Popen([sys.executable, "-c", code, str(out), f"writer{i}"],
-                                  stdout=subprocess.PIPE, text=True) for i in range(6)]
+        procs = [
+            subprocess.Popen(
+                [sys.executable, "-c", code, str(out), f"writer{i}"],
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+            for i in range(6)
+        ]
         results = [p.communicate(timeout=60)[0].strip() for p in procs]
         winners = [i for i, r in enumerate(results) if r == "wrote"]
         assert len(winners) == 1, results

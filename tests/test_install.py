@@ -2,6 +2,7 @@
 
 `make -n` prints the install commands without running them, so these tests cost no download.
 """
+
 from __future__ import annotations
 
 import os
@@ -16,8 +17,15 @@ CPU_INDEX = "--extra-index-url https://download.pytorch.org/whl/cpu"
 def torch_install_line(path: str, *overrides: str) -> str:
     """The `pip install ... torch` line `make venv` would run with this PATH."""
     env = dict(os.environ, PATH=path)
-    out = subprocess.run(["make", "-n", "-B", "venv", *overrides], cwd=REPO, env=env,
-                         capture_output=True, text=True, timeout=60, check=True).stdout
+    out = subprocess.run(
+        ["make", "-n", "-B", "venv", *overrides],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
     lines = [line for line in out.splitlines() if "pip install" in line and line.endswith(" torch")]
     assert len(lines) == 1, out
     return lines[0]

@@ -4,6 +4,7 @@ Checks the data, not the estimator: every report has a source URL, a verbatim qu
 outcome, its inferred fields named with a reason, and answers that load into Answers once the
 fields Answers does not know yet are dropped. The verdict itself is benchmarks/public_reports.py.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -25,8 +26,8 @@ MODELS = ROOT / "tests" / "data" / "public_report_models"
 # The memory model's new Answers fields (issue 8) and the values the data may hold for them.
 NEW_FIELDS = {
     "stack": lambda v: v in ("hf", "accelerate", "deepspeed"),
-    "optimizer": lambda v: v in (None, "adamw_torch", "adamw_torch_fused", "adamw_forloop",
-                                 "ds_fused_adam", "ds_cpu_adam"),
+    "optimizer": lambda v: v
+    in (None, "adamw_torch", "adamw_torch_fused", "adamw_forloop", "ds_fused_adam", "ds_cpu_adam"),
     "loss_kernel": lambda v: v in ("hf", "liger"),
     "precompute_ref": lambda v: isinstance(v, bool),
     "vllm_gpu_memory_utilization": lambda v: v is None or (isinstance(v, float) and 0 < v < 1),
@@ -38,8 +39,9 @@ GPUS_BEING_ADDED = ("A800", "H800", "H20", "A40", "L20", "MI250X", "MI300X")
 MEASURED_KINDS = ("alloc_lower_bound", "device_used")
 ANSWER_FIELDS = {f.name for f in dataclasses.fields(Answers)}
 
-REPORTS = [json.loads(line) for line in DATA.read_text(encoding="utf-8").splitlines()
-           if line.strip()]
+REPORTS = [
+    json.loads(line) for line in DATA.read_text(encoding="utf-8").splitlines() if line.strip()
+]
 
 
 def by_id(report: dict) -> str:
@@ -62,8 +64,9 @@ def test_report_has_source_quote_outcome_and_named_inferences(report):
     assert report["outcome"] in ("oom", "ran")
     assert isinstance(report["inferred"], dict)
     for field, reason in report["inferred"].items():
-        assert field and isinstance(reason, str) and reason.strip(), \
-            f"inferred {field!r} needs a reason"
+        assert (
+            field and isinstance(reason, str) and reason.strip()
+        ), f"inferred {field!r} needs a reason"
     if "measured_gib" in report:
         assert report["measured_gib"] > 0
         assert report["measured_kind"] in MEASURED_KINDS
@@ -83,9 +86,10 @@ def test_answers_load_into_answers(report):
         lookup(gpu)
     except ZerofitError:
         assert gpu in GPUS_BEING_ADDED, f"gpu {gpu!r} is neither in the catalog nor being added"
-        assert any(m.startswith("gpu:") for m in report.get("missing", [])), \
-            "say the GPU is missing"
-        answers["gpu"] = next(iter(CATALOG))   # check every other field against Answers
+        assert any(
+            m.startswith("gpu:") for m in report.get("missing", [])
+        ), "say the GPU is missing"
+        answers["gpu"] = next(iter(CATALOG))  # check every other field against Answers
     model = answers["model"]
     if model.endswith(".json"):
         assert (ROOT / model).is_file(), f"no model config {model}"
@@ -110,8 +114,14 @@ def test_ds_config_agrees_with_the_answers(report):
 def test_report_model_configs_carry_their_shape(path):
     config = json.loads(path.read_text())
     assert config["_source"]
-    for key in ("model_type", "hidden_size", "intermediate_size", "num_hidden_layers",
-                "num_attention_heads", "vocab_size"):
+    for key in (
+        "model_type",
+        "hidden_size",
+        "intermediate_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "vocab_size",
+    ):
         assert key in config, f"{path.name} lacks {key}"
 
 

@@ -7,6 +7,7 @@ the shared-memory comm op (every distributed CPU run, ~50 s cold) and cpu_adam (
 offload, ~80 s cold). Paying that inside a timed test makes the engine tests flaky and slow, so
 this warms both. Idempotent: when the cache is warm it only loads the .so files (a few seconds).
 """
+
 from __future__ import annotations
 
 import os
@@ -42,4 +43,6 @@ if __name__ == "__main__":
     try:
         warm()
     except Exception as exc:  # a broken toolchain should not hide the real test results
-        print(f"warm_ops: could not build ops ({exc}); engine tests will build them", file=sys.stderr)
+        print(
+            f"warm_ops: could not build ops ({exc}); engine tests will build them", file=sys.stderr
+        )

@@ -1,4 +1,5 @@
 """The one exception type users see: a field, what is wrong, and how to fix it."""
+
 from __future__ import annotations
 
 

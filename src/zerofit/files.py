@@ -1,4 +1,5 @@
 """write_files: the one place zerofit writes user files; atomic and never a half-written set."""
+
 from __future__ import annotations
 
 import errno
@@ -23,20 +24,29 @@ def write_files(outdir, files: dict[str, str], force: bool = False) -> list[Path
     for name in files:  # relative names only ("accelerate/zero2.yaml" is fine, "../x" is not)
         parts = Path(name).parts
         if not parts or Path(name).is_absolute() or ".." in parts:
-            raise ZerofitError("--out", f"bad file name {name!r}", "use a relative name inside the directory")
+            raise ZerofitError(
+                "--out", f"bad file name {name!r}", "use a relative name inside the directory"
+            )
     existing = [t for t in targets if t.exists()]
     if existing and not force:
         listed = ", ".join(str(t) for t in existing)
-        raise ZerofitError("--out", f"{listed} already exist{'s' if len(existing) == 1 else ''}",
-                           "pass --force to overwrite, or choose another --out directory")
+        raise ZerofitError(
+            "--out",
+            f"{listed} already exist{'s' if len(existing) == 1 else ''}",
+            "pass --force to overwrite, or choose another --out directory",
+        )
     for t in existing:
         if t.is_dir():
-            raise ZerofitError("--out", f"{t} is a directory", "remove it or choose another --out directory")
+            raise ZerofitError(
+                "--out", f"{t} is a directory", "remove it or choose another --out directory"
+            )
     try:
         for target in targets:
             target.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise ZerofitError("--out", f"cannot create {out} ({exc.strerror})", "choose a writable directory") from None
+        raise ZerofitError(
+            "--out", f"cannot create {out} ({exc.strerror})", "choose a writable directory"
+        ) from None
     # Stage every file first, then move them all into place: a failure while writing (disk full,
     # permissions) leaves the directory exactly as it was.
     staged: list[tuple[str, Path]] = []
@@ -69,8 +79,11 @@ def _place_exclusive(tmp: str, target: Path) -> None:
     try:
         os.link(tmp, target)
     except FileExistsError:
-        raise ZerofitError("--out", f"{target} was created by someone else while zerofit wrote",
-                           "pass --force to overwrite, or choose another --out directory") from None
+        raise ZerofitError(
+            "--out",
+            f"{target} was created by someone else while zerofit wrote",
+            "pass --force to overwrite, or choose another --out directory",
+        ) from None
     except OSError as exc:
         if exc.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.EXDEV, errno.EMLINK):
             raise
@@ -79,8 +92,11 @@ def _place_exclusive(tmp: str, target: Path) -> None:
         try:
             os.close(os.open(target, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
         except FileExistsError:
-            raise ZerofitError("--out", f"{target} was created by someone else while zerofit wrote",
-                               "pass --force to overwrite, or choose another --out directory") from None
+            raise ZerofitError(
+                "--out",
+                f"{target} was created by someone else while zerofit wrote",
+                "pass --force to overwrite, or choose another --out directory",
+            ) from None
         os.replace(tmp, target)
         return
     os.unlink(tmp)
@@ -90,12 +106,17 @@ def _write_temp(target: Path, text: str) -> str:
     try:
         fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
     except OSError as exc:
-        raise ZerofitError("--out", f"cannot write in {target.parent} ({exc.strerror})",
-                           "choose a writable directory") from None
+        raise ZerofitError(
+            "--out",
+            f"cannot write in {target.parent} ({exc.strerror})",
+            "choose a writable directory",
+        ) from None
     try:
         with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as fh:
             fh.write(text)
-        os.chmod(tmp, 0o644)  # mkstemp makes 0600; configs are shared with launchers and other nodes
+        os.chmod(
+            tmp, 0o644
+        )  # mkstemp makes 0600; configs are shared with launchers and other nodes
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise

@@ -1,4 +1,5 @@
 """GPU catalog (memory, precisions, interconnect) and local GPU detection."""
+
 from __future__ import annotations
 
 import functools
@@ -13,11 +14,11 @@ from zerofit.errors import ZerofitError
 class GpuSpec:
     key: str
     name: str
-    memory_gib: float      # what torch.cuda.get_device_properties().total_memory reports, in GiB
+    memory_gib: float  # what torch.cuda.get_device_properties().total_memory reports, in GiB
     bf16: bool
     fp8: bool
-    interconnect: str      # typical intra-node link: "nvlink" or "pcie"
-    bf16_tflops: float     # dense peak, for throughput ranking only
+    interconnect: str  # typical intra-node link: "nvlink" or "pcie"
+    bf16_tflops: float  # dense peak, for throughput ranking only
 
 
 # Memory is what torch can use: cudaMemGetInfo's total, which torch.cuda.get_device_properties()
@@ -27,48 +28,73 @@ class GpuSpec:
 # A100 80GB "79.15 GiB total capacity" (A800: the same HBM2e part), H100 80GB "total capacity of
 # 79.11 GiB" (vllm-project/vllm#27508), A100 40GB 39.39, V100 16GB 15.77, V100 32GB 31.75.
 # Order matters for detection: specific names first.
-CATALOG: dict[str, GpuSpec] = {g.key: g for g in [
-    GpuSpec("B200", "NVIDIA B200 180GB", 178.4, True, True, "nvlink", 2250),
-    GpuSpec("H200", "NVIDIA H200 141GB", 139.8, True, True, "nvlink", 989),
-    GpuSpec("H100-NVL", "NVIDIA H100 NVL 94GB", 93.6, True, True, "nvlink", 835),
-    GpuSpec("H100-PCIE", "NVIDIA H100 PCIe 80GB", 79.11, True, True, "pcie", 756),
-    GpuSpec("H100-SXM", "NVIDIA H100 SXM 80GB", 79.11, True, True, "nvlink", 989),
-    GpuSpec("A100-80GB", "NVIDIA A100 80GB", 79.15, True, False, "nvlink", 312),
-    GpuSpec("A100-40GB", "NVIDIA A100 40GB", 39.39, True, False, "nvlink", 312),
-    GpuSpec("L40S", "NVIDIA L40S 48GB", 44.4, True, True, "pcie", 362),
-    GpuSpec("A6000", "NVIDIA RTX A6000 48GB", 47.4, True, False, "pcie", 155),
-    GpuSpec("A10", "NVIDIA A10 24GB", 22.0, True, False, "pcie", 125),
-    GpuSpec("L4", "NVIDIA L4 24GB", 22.0, True, True, "pcie", 121),
-    GpuSpec("RTX4090", "NVIDIA GeForce RTX 4090 24GB", 23.6, True, True, "pcie", 165),
-    GpuSpec("RTX3090", "NVIDIA GeForce RTX 3090 24GB", 23.6, True, False, "pcie", 71),
-    GpuSpec("V100-32GB", "NVIDIA V100 32GB", 31.75, False, False, "nvlink", 125),
-    GpuSpec("V100-16GB", "NVIDIA V100 16GB", 15.77, False, False, "nvlink", 125),
-    GpuSpec("T4", "NVIDIA T4 16GB", 14.6, False, False, "pcie", 65),
-    # Added later, kept after the first entries so menus keep their order. China-market
-    # Hopper/Ampere parts (vendor datasheets: H800/A800 80 GB, H20 96 GB HBM3), 48 GB GDDR6 cards.
-    GpuSpec("H800", "NVIDIA H800 80GB", 79.11, True, True, "nvlink", 989),
-    GpuSpec("H20", "NVIDIA H20 96GB", 95.6, True, True, "nvlink", 148),
-    GpuSpec("A800", "NVIDIA A800 80GB", 79.15, True, False, "nvlink", 312),
-    GpuSpec("A40", "NVIDIA A40 48GB", 44.4, True, False, "pcie", 150),
-    GpuSpec("L20", "NVIDIA L20 48GB", 44.4, True, True, "pcie", 120),
-    # AMD Instinct (ROCm; DeepSpeed runs on RCCL). "nvlink" here means the xGMI/Infinity Fabric
-    # mesh. MI250X: one OAM is two GCDs, each its own 64 GB device to torch.
-    GpuSpec("MI250X", "AMD Instinct MI250X (one GCD, 64GB)", 64.0, True, False, "nvlink", 191),
-    GpuSpec("MI300X", "AMD Instinct MI300X 192GB", 191.5, True, True, "nvlink", 1307),
-]}
+CATALOG: dict[str, GpuSpec] = {
+    g.key: g
+    for g in [
+        GpuSpec("B200", "NVIDIA B200 180GB", 178.4, True, True, "nvlink", 2250),
+        GpuSpec("H200", "NVIDIA H200 141GB", 139.8, True, True, "nvlink", 989),
+        GpuSpec("H100-NVL", "NVIDIA H100 NVL 94GB", 93.6, True, True, "nvlink", 835),
+        GpuSpec("H100-PCIE", "NVIDIA H100 PCIe 80GB", 79.11, True, True, "pcie", 756),
+        GpuSpec("H100-SXM", "NVIDIA H100 SXM 80GB", 79.11, True, True, "nvlink", 989),
+        GpuSpec("A100-80GB", "NVIDIA A100 80GB", 79.15, True, False, "nvlink", 312),
+        GpuSpec("A100-40GB", "NVIDIA A100 40GB", 39.39, True, False, "nvlink", 312),
+        GpuSpec("L40S", "NVIDIA L40S 48GB", 44.4, True, True, "pcie", 362),
+        GpuSpec("A6000", "NVIDIA RTX A6000 48GB", 47.4, True, False, "pcie", 155),
+        GpuSpec("A10", "NVIDIA A10 24GB", 22.0, True, False, "pcie", 125),
+        GpuSpec("L4", "NVIDIA L4 24GB", 22.0, True, True, "pcie", 121),
+        GpuSpec("RTX4090", "NVIDIA GeForce RTX 4090 24GB", 23.6, True, True, "pcie", 165),
+        GpuSpec("RTX3090", "NVIDIA GeForce RTX 3090 24GB", 23.6, True, False, "pcie", 71),
+        GpuSpec("V100-32GB", "NVIDIA V100 32GB", 31.75, False, False, "nvlink", 125),
+        GpuSpec("V100-16GB", "NVIDIA V100 16GB", 15.77, False, False, "nvlink", 125),
+        GpuSpec("T4", "NVIDIA T4 16GB", 14.6, False, False, "pcie", 65),
+        # Added later, kept after the first entries so menus keep their order. China-market
+        # Hopper/Ampere parts (vendor datasheets: H800/A800 80 GB, H20 96 GB HBM3), 48 GB GDDR6 cards.
+        GpuSpec("H800", "NVIDIA H800 80GB", 79.11, True, True, "nvlink", 989),
+        GpuSpec("H20", "NVIDIA H20 96GB", 95.6, True, True, "nvlink", 148),
+        GpuSpec("A800", "NVIDIA A800 80GB", 79.15, True, False, "nvlink", 312),
+        GpuSpec("A40", "NVIDIA A40 48GB", 44.4, True, False, "pcie", 150),
+        GpuSpec("L20", "NVIDIA L20 48GB", 44.4, True, True, "pcie", 120),
+        # AMD Instinct (ROCm; DeepSpeed runs on RCCL). "nvlink" here means the xGMI/Infinity Fabric
+        # mesh. MI250X: one OAM is two GCDs, each its own 64 GB device to torch.
+        GpuSpec("MI250X", "AMD Instinct MI250X (one GCD, 64GB)", 64.0, True, False, "nvlink", 191),
+        GpuSpec("MI300X", "AMD Instinct MI300X 192GB", 191.5, True, True, "nvlink", 1307),
+    ]
+}
 
-ALIASES = {"H100": "H100-SXM", "H100-80GB": "H100-SXM", "A100": "A100-80GB", "V100": "V100-32GB",
-           "4090": "RTX4090", "3090": "RTX3090"}
+ALIASES = {
+    "H100": "H100-SXM",
+    "H100-80GB": "H100-SXM",
+    "A100": "A100-80GB",
+    "V100": "V100-32GB",
+    "4090": "RTX4090",
+    "3090": "RTX3090",
+}
 
 # nvidia-smi product names -> catalog key; more specific patterns first.
 _DETECT = [
-    (("b200",), "B200"), (("h200",), "H200"), (("h800",), "H800"), (("h20",), "H20"),
-    (("a800",), "A800"), (("mi300x",), "MI300X"), (("mi250",), "MI250X"), (("l20",), "L20"),
-    (("a40",), "A40"), (("h100", "nvl"), "H100-NVL"),
-    (("h100", "pcie"), "H100-PCIE"), (("h100",), "H100-SXM"), (("a100", "80"), "A100-80GB"),
-    (("a100",), "A100-40GB"), (("l40s",), "L40S"), (("a6000",), "A6000"), (("a10",), "A10"),
-    (("l4",), "L4"), (("4090",), "RTX4090"), (("3090",), "RTX3090"), (("v100", "32"), "V100-32GB"),
-    (("v100",), "V100-16GB"), (("t4",), "T4"),
+    (("b200",), "B200"),
+    (("h200",), "H200"),
+    (("h800",), "H800"),
+    (("h20",), "H20"),
+    (("a800",), "A800"),
+    (("mi300x",), "MI300X"),
+    (("mi250",), "MI250X"),
+    (("l20",), "L20"),
+    (("a40",), "A40"),
+    (("h100", "nvl"), "H100-NVL"),
+    (("h100", "pcie"), "H100-PCIE"),
+    (("h100",), "H100-SXM"),
+    (("a100", "80"), "A100-80GB"),
+    (("a100",), "A100-40GB"),
+    (("l40s",), "L40S"),
+    (("a6000",), "A6000"),
+    (("a10",), "A10"),
+    (("l4",), "L4"),
+    (("4090",), "RTX4090"),
+    (("3090",), "RTX3090"),
+    (("v100", "32"), "V100-32GB"),
+    (("v100",), "V100-16GB"),
+    (("t4",), "T4"),
 ]
 
 
@@ -80,6 +106,7 @@ def lookup(name: str) -> GpuSpec:
         if k.upper() == key:
             return spec
     import difflib
+
     names = [k.upper() for k in CATALOG] + list(ALIASES)
     close = difflib.get_close_matches(key, names, n=3, cutoff=0.6)
     hint = f"did you mean {' or '.join(close)}? " if close else ""
@@ -100,8 +127,12 @@ def detect_local_gpus() -> tuple[str | None, int]:
     if not shutil.which("nvidia-smi"):
         return None, 0
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=10).stdout
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout
     except (OSError, subprocess.SubprocessError):
         return None, 0
     names = [n.strip() for n in out.splitlines() if n.strip()]
@@ -115,7 +146,7 @@ def detect_host_ram_gib(meminfo: str = "/proc/meminfo") -> float | None:
         with open(meminfo) as fh:
             for line in fh:
                 if line.startswith("MemTotal:"):
-                    return int(line.split()[1]) / 1024 ** 2   # the value is in kB (KiB)
+                    return int(line.split()[1]) / 1024**2  # the value is in kB (KiB)
     except (OSError, ValueError, IndexError):
         return None
     return None

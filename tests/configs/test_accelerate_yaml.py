@@ -1,7 +1,8 @@
 """build/render_accelerate_config: ClusterConfig keys, loadable by accelerate's own loader.
 
-    .venv/bin/python -m pytest tests/configs/test_accelerate_yaml.py -q
+.venv/bin/python -m pytest tests/configs/test_accelerate_yaml.py -q
 """
+
 from __future__ import annotations
 
 import pytest
@@ -12,6 +13,7 @@ from zerofit.configs.accelerate_yaml import build_accelerate_config, render_acce
 
 def load_with_accelerate(tmp_path, text: str):
     from accelerate.commands.config.config_args import load_config_from_file
+
     path = tmp_path / "accelerate.yaml"
     path.write_text(text)
     return load_config_from_file(str(path))
@@ -23,12 +25,17 @@ def test_single_node_deepspeed_loads(tmp_path, stage):
     cfg = load_with_accelerate(tmp_path, render_accelerate_config(plan))
     assert cfg.distributed_type.value == "DEEPSPEED"
     assert cfg.num_processes == 8 and cfg.num_machines == 1 and cfg.machine_rank == 0
-    assert cfg.deepspeed_config == {"deepspeed_config_file": "ds_config.json", "zero3_init_flag": stage == 3}
+    assert cfg.deepspeed_config == {
+        "deepspeed_config_file": "ds_config.json",
+        "zero3_init_flag": stage == 3,
+    }
     assert cfg.mixed_precision is None  # accelerate launch refuses it next to deepspeed_config_file
 
 
 def test_multi_node_counts_total_processes_and_uses_standard_launcher(tmp_path):
-    plan = build_plan(stage=3, gpus_per_node=4, num_nodes=2, main_process_ip="10.0.0.1", main_process_port=29512)
+    plan = build_plan(
+        stage=3, gpus_per_node=4, num_nodes=2, main_process_ip="10.0.0.1", main_process_port=29512
+    )
     for rank in (0, 1):
         cfg = load_with_accelerate(tmp_path, render_accelerate_config(plan, machine_rank=rank))
         assert cfg.num_processes == 8 and cfg.num_machines == 2 and cfg.machine_rank == rank
@@ -38,13 +45,20 @@ def test_multi_node_counts_total_processes_and_uses_standard_launcher(tmp_path):
 
 
 def test_stage0_is_multi_gpu_or_no_with_mixed_precision(tmp_path):
-    multi = load_with_accelerate(tmp_path, render_accelerate_config(build_plan(stage=0, gpus_per_node=4)))
+    multi = load_with_accelerate(
+        tmp_path, render_accelerate_config(build_plan(stage=0, gpus_per_node=4))
+    )
     assert multi.distributed_type.value == "MULTI_GPU" and multi.mixed_precision == "bf16"
     assert multi.num_processes == 4 and multi.deepspeed_config == {}
     single = build_accelerate_config(build_plan(stage=0, gpus_per_node=1, precision="fp32"))
     assert single["distributed_type"] == "NO" and single["mixed_precision"] == "no"
-    assert load_with_accelerate(tmp_path, render_accelerate_config(
-        build_plan(stage=0, gpus_per_node=1, precision="fp32"))).num_processes == 1
+    assert (
+        load_with_accelerate(
+            tmp_path,
+            render_accelerate_config(build_plan(stage=0, gpus_per_node=1, precision="fp32")),
+        ).num_processes
+        == 1
+    )
 
 
 def test_ds_config_path_is_written_verbatim():
@@ -57,5 +71,7 @@ def test_render_is_deterministic_and_commented():
     plan = build_plan(stage=2, gpus_per_node=2, num_nodes=2)
     text = render_accelerate_config(plan, machine_rank=1)
     assert text == render_accelerate_config(plan, machine_rank=1)
-    assert text.startswith("# accelerate config written by zerofit: 4 processes in total (2 per node x 2 nodes).")
+    assert text.startswith(
+        "# accelerate config written by zerofit: 4 processes in total (2 per node x 2 nodes)."
+    )
     assert "machine_rank: 1\n" in text

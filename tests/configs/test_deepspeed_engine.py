@@ -6,6 +6,7 @@
 Each run trains a tiny random Qwen2 for 3 optimizer steps (tests/scripts/tiny_train.py) and
 reports what the engine really used; ~15 s per run warm. Runs are serial (2 cores).
 """
+
 from __future__ import annotations
 
 import os
@@ -26,9 +27,21 @@ SCRIPT = REPO / "tests" / "scripts" / "tiny_train.py"
 
 def _launch(config: Path, port: int, cwd: Path, extra: list[str] = ()) -> dict:
     accelerate = Path(sys.executable).with_name("accelerate")
-    cmd = [str(accelerate), "launch", "--num_processes", "2", "--main_process_port", str(port),
-           "--config_file", str(config), *extra, str(SCRIPT)]
-    env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
+    cmd = [
+        str(accelerate),
+        "launch",
+        "--num_processes",
+        "2",
+        "--main_process_port",
+        str(port),
+        "--config_file",
+        str(config),
+        *extra,
+        str(SCRIPT),
+    ]
+    env = dict(
+        os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false"
+    )
     proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
@@ -67,4 +80,9 @@ def test_shipped_auto_preset_trains_under_accelerate(free_port):
     # deepspeed_config_file in the preset is relative to the repository root: launch from there.
     got = _launch(REPO / "deepspeed_configs" / "accelerate" / "zero2.yaml", free_port, REPO)
     # "auto" filled by accelerate from the DataLoader (batch 2), accumulation 1, world 2
-    assert (got["stage"], got["train_batch_size"], got["micro"], got["accum"]) == ("2", "4", "2", "1")
+    assert (got["stage"], got["train_batch_size"], got["micro"], got["accum"]) == (
+        "2",
+        "4",
+        "2",
+        "1",
+    )

@@ -3,6 +3,7 @@
 
 Run: .venv/bin/python -m pytest tests/doctor/test_doctor.py -q   (~6 s; `--json` imports torch once)
 """
+
 from __future__ import annotations
 
 import json
@@ -16,24 +17,74 @@ from pathlib import Path
 import pytest
 
 from zerofit.cli.main import main
-from zerofit.doctor.checks import (check_compare, check_disk, check_gpus, check_infiniband, check_interfaces,
-                            check_main_addr, check_port, fingerprint, gather_facts, render_report, run_checks)
+from zerofit.doctor.checks import (
+    check_compare,
+    check_disk,
+    check_gpus,
+    check_infiniband,
+    check_interfaces,
+    check_main_addr,
+    check_port,
+    fingerprint,
+    gather_facts,
+    render_report,
+    run_checks,
+)
 from zerofit.doctor.net import connect, list_infiniband, list_interfaces, serve
 
-VERSIONS = {"python": "3.11.7", "torch": "2.5.1+cu124", "cuda": "12.4", "nccl": "2.21.5", "deepspeed": "0.16.2",
-            "accelerate": "1.2.1", "transformers": "4.47.1"}
-ETH = {"name": "eth0", "addresses": ["10.0.0.5"], "state": "up", "loopback": False, "speed_mbit": 25000}
-IB_NET = {"name": "ib0", "addresses": ["192.168.0.5"], "state": "up", "loopback": False, "speed_mbit": None}
-LO = {"name": "lo", "addresses": ["127.0.0.1"], "state": "unknown", "loopback": True, "speed_mbit": None}
+VERSIONS = {
+    "python": "3.11.7",
+    "torch": "2.5.1+cu124",
+    "cuda": "12.4",
+    "nccl": "2.21.5",
+    "deepspeed": "0.16.2",
+    "accelerate": "1.2.1",
+    "transformers": "4.47.1",
+}
+ETH = {
+    "name": "eth0",
+    "addresses": ["10.0.0.5"],
+    "state": "up",
+    "loopback": False,
+    "speed_mbit": 25000,
+}
+IB_NET = {
+    "name": "ib0",
+    "addresses": ["192.168.0.5"],
+    "state": "up",
+    "loopback": False,
+    "speed_mbit": None,
+}
+LO = {
+    "name": "lo",
+    "addresses": ["127.0.0.1"],
+    "state": "unknown",
+    "loopback": True,
+    "speed_mbit": None,
+}
 
 
 def facts(**kw) -> dict:
-    base = {"host": "gpu-a17", "versions": VERSIONS, "fingerprint": fingerprint(VERSIONS),
-            "gpus": {"count": 8, "names": ["NVIDIA H100 80GB HBM3"] * 8},
-            "config": {"num_machines": 2, "num_processes": 16, "machine_rank": 0},
-            "main_addr": "10.0.0.5", "main_port": 29500, "node_rank": 0, "interfaces": [LO, ETH], "infiniband": [],
-            "nccl_socket_ifname": None, "nccl_ib_disable": None, "resolved": ["10.0.0.5"], "resolve_error": None,
-            "route_source": "10.0.0.5", "is_main": True, "port_problem": None, "disk": None}
+    base = {
+        "host": "gpu-a17",
+        "versions": VERSIONS,
+        "fingerprint": fingerprint(VERSIONS),
+        "gpus": {"count": 8, "names": ["NVIDIA H100 80GB HBM3"] * 8},
+        "config": {"num_machines": 2, "num_processes": 16, "machine_rank": 0},
+        "main_addr": "10.0.0.5",
+        "main_port": 29500,
+        "node_rank": 0,
+        "interfaces": [LO, ETH],
+        "infiniband": [],
+        "nccl_socket_ifname": None,
+        "nccl_ib_disable": None,
+        "resolved": ["10.0.0.5"],
+        "resolve_error": None,
+        "route_source": "10.0.0.5",
+        "is_main": True,
+        "port_problem": None,
+        "disk": None,
+    }
     return {**base, **kw}
 
 
@@ -54,16 +105,28 @@ def test_compare_fails_on_critical_drift_and_warns_on_the_rest() -> None:
     other = {"host": "gpu-a18", "versions": dict(VERSIONS, nccl="2.20.3", transformers="4.46.0")}
     c = check_compare(facts(), other)
     assert c.status == "fail"
-    assert c.detail == "nccl 2.21.5 here vs 2.20.3 on gpu-a18; transformers 4.47.1 here vs 4.46.0 on gpu-a18"
-    assert check_compare(facts(), {"versions": dict(VERSIONS, transformers="4.46.0")}).status == "warn"
+    assert (
+        c.detail
+        == "nccl 2.21.5 here vs 2.20.3 on gpu-a18; transformers 4.47.1 here vs 4.46.0 on gpu-a18"
+    )
+    assert (
+        check_compare(facts(), {"versions": dict(VERSIONS, transformers="4.46.0")}).status == "warn"
+    )
     assert check_compare(facts(), {"host": "b", "versions": VERSIONS}).status == "pass"
 
 
-@pytest.mark.parametrize("count, status, text", [
-    (8, "pass", "8 visible (NVIDIA H100 80GB HBM3), matches the config"),
-    (4, "fail", "4 visible, accelerate.yaml wants 8 per node (num_processes 16 over 2 node(s))"),
-    (10, "warn", "2 idle"),
-])
+@pytest.mark.parametrize(
+    "count, status, text",
+    [
+        (8, "pass", "8 visible (NVIDIA H100 80GB HBM3), matches the config"),
+        (
+            4,
+            "fail",
+            "4 visible, accelerate.yaml wants 8 per node (num_processes 16 over 2 node(s))",
+        ),
+        (10, "warn", "2 idle"),
+    ],
+)
 def test_gpus_against_config(count: int, status: str, text: str) -> None:
     c = check_gpus(facts(gpus={"count": count, "names": ["NVIDIA H100 80GB HBM3"] * count}))
     assert c.status == status and text in c.detail
@@ -79,18 +142,33 @@ def test_gpus_without_config_or_on_cpu() -> None:
 def test_disk() -> None:
     assert check_disk(facts()) is None
     low = check_disk(facts(disk={"path": "/ckpt", "free_gib": 78.4, "need_gib": 200.0}))
-    assert (low.status, low.detail) == ("fail", "78.4 GiB free at /ckpt, checkpoints need 200.0 GiB")
-    assert check_disk(facts(disk={"path": "/ckpt", "free_gib": 5.0, "need_gib": None})).status == "warn"
-    assert check_disk(facts(disk={"path": "/ckpt", "free_gib": 500.0, "need_gib": 200.0})).status == "pass"
+    assert (low.status, low.detail) == (
+        "fail",
+        "78.4 GiB free at /ckpt, checkpoints need 200.0 GiB",
+    )
+    assert (
+        check_disk(facts(disk={"path": "/ckpt", "free_gib": 5.0, "need_gib": None})).status
+        == "warn"
+    )
+    assert (
+        check_disk(facts(disk={"path": "/ckpt", "free_gib": 500.0, "need_gib": 200.0})).status
+        == "pass"
+    )
 
 
 def test_main_address() -> None:
     assert check_main_addr(facts()).status == "pass"
-    bad = check_main_addr(facts(main_addr="gpu-x", resolved=[], resolve_error="Name or service not known"))
+    bad = check_main_addr(
+        facts(main_addr="gpu-x", resolved=[], resolve_error="Name or service not known")
+    )
     assert bad.status == "fail" and "does not resolve" in bad.detail
     lo = check_main_addr(facts(main_addr="localhost", resolved=["127.0.0.1", "::1"]))
     assert lo.status == "fail" and "other nodes cannot reach it" in lo.detail
-    single = facts(main_addr="127.0.0.1", resolved=["127.0.0.1"], config={"num_machines": 1, "num_processes": 8})
+    single = facts(
+        main_addr="127.0.0.1",
+        resolved=["127.0.0.1"],
+        config={"num_machines": 1, "num_processes": 8},
+    )
     assert check_main_addr(single).status == "pass"
 
 
@@ -105,10 +183,14 @@ def test_port() -> None:
 def test_interfaces_and_nccl_variable() -> None:
     two = facts(interfaces=[LO, ETH, IB_NET], route_source="192.168.0.5")
     c = check_interfaces(two)
-    assert c.status == "warn" and c.fix == "export NCCL_SOCKET_IFNAME=ib0 (it routes to the main node)"
+    assert (
+        c.status == "warn" and c.fix == "export NCCL_SOCKET_IFNAME=ib0 (it routes to the main node)"
+    )
     wrong = check_interfaces(facts(nccl_socket_ifname="ens5"))
     assert (wrong.status, wrong.fix) == ("fail", "export NCCL_SOCKET_IFNAME=eth0")
-    assert check_interfaces(facts(nccl_socket_ifname="eth")).status == "pass"  # NCCL matches prefixes
+    assert (
+        check_interfaces(facts(nccl_socket_ifname="eth")).status == "pass"
+    )  # NCCL matches prefixes
     assert check_interfaces(facts(nccl_socket_ifname="=eth")).status == "fail"  # '=' means exact
     assert check_interfaces(facts()).detail == "eth0 is the only usable interface"
     report = render_report(two, run_checks(two))
@@ -120,7 +202,10 @@ def test_infiniband() -> None:
     ib = [{"name": "mlx5_0", "ports": {"1": "ACTIVE"}}]
     assert check_infiniband(facts(infiniband=ib)).detail == "mlx5_0 port 1 active"
     assert check_infiniband(facts(infiniband=ib, nccl_ib_disable="1")).status == "warn"
-    assert check_infiniband(facts(infiniband=[{"name": "mlx5_0", "ports": {"1": "DOWN"}}])).status == "warn"
+    assert (
+        check_infiniband(facts(infiniband=[{"name": "mlx5_0", "ports": {"1": "DOWN"}}])).status
+        == "warn"
+    )
     assert check_infiniband(facts()).status == "warn"  # two nodes over TCP
     assert check_infiniband(facts(config=None)).status == "pass"
 
@@ -149,8 +234,14 @@ def test_gather_sees_a_busy_port_and_disk(tmp_path: Path) -> None:
         s.bind(("0.0.0.0", 0))
         s.listen(1)
         port = s.getsockname()[1]
-        f = gather_facts(main_addr="127.0.0.1", main_port=port, node_rank=0,
-                         checkpoint_dir=str(tmp_path / "not" / "yet"), need_gib=1e9, env={})
+        f = gather_facts(
+            main_addr="127.0.0.1",
+            main_port=port,
+            node_rank=0,
+            checkpoint_dir=str(tmp_path / "not" / "yet"),
+            need_gib=1e9,
+            env={},
+        )
     assert f["port_problem"] == "already in use" and f["resolved"] == ["127.0.0.1"]
     assert check_port(f).status == "fail"
     assert f["disk"]["free_gib"] > 0 and check_disk(f).status == "fail"
@@ -176,7 +267,9 @@ def test_cli_json_and_compare(tmp_path: Path, capsys) -> None:
 # --- --serve / --connect -----------------------------------------------------------------------
 def test_handshake_on_loopback() -> None:
     port, ready, result = free_port(), threading.Event(), {}
-    t = threading.Thread(target=lambda: result.update(r=serve(port, "tok", 10, "127.0.0.1", ready.set)))
+    t = threading.Thread(
+        target=lambda: result.update(r=serve(port, "tok", 10, "127.0.0.1", ready.set))
+    )
     t.start()
     assert ready.wait(5)
     ok, message = connect("127.0.0.1", port, "tok", 5)
@@ -196,8 +289,10 @@ def test_wrong_token_and_nobody_listening() -> None:
     closed = free_port()
     ok, message = connect("127.0.0.1", closed, "tok", 3)
     assert not ok
-    assert message == (f"nothing listens on 127.0.0.1:{closed} (fix: run `zerofit doctor --serve {closed}` on "
-                       "that node first; if it is running, a firewall rejects the port)")
+    assert message == (
+        f"nothing listens on 127.0.0.1:{closed} (fix: run `zerofit doctor --serve {closed}` on "
+        "that node first; if it is running, a firewall rejects the port)"
+    )
     assert serve(free_port(), "tok", 0.3, "127.0.0.1")[0] is False
 
 
@@ -205,21 +300,34 @@ def test_cli_serve_connect_pair() -> None:
     port = free_port()
     cmd = [sys.executable, "-m", "zerofit", "doctor"]
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    server = subprocess.Popen(cmd + ["--serve", str(port), "--timeout", "20"], stdout=subprocess.PIPE, text=True,
-                              env=env)
+    server = subprocess.Popen(
+        cmd + ["--serve", str(port), "--timeout", "20"], stdout=subprocess.PIPE, text=True, env=env
+    )
     try:
         assert "listening on port" in server.stdout.readline()
-        client = subprocess.run(cmd + ["--connect", f"127.0.0.1:{port}", "--timeout", "5"], capture_output=True,
-                                text=True, timeout=30)
-        assert client.returncode == 0 and client.stdout.startswith("PASS  reachability  reached 127.0.0.1")
+        client = subprocess.run(
+            cmd + ["--connect", f"127.0.0.1:{port}", "--timeout", "5"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert client.returncode == 0 and client.stdout.startswith(
+            "PASS  reachability  reached 127.0.0.1"
+        )
         assert server.wait(timeout=10) == 0
         assert "completed the handshake" in server.stdout.read()
     finally:
         if server.poll() is None:
             server.kill()
-    fail = subprocess.run(cmd + ["--connect", f"127.0.0.1:{port}", "--timeout", "5"], capture_output=True,
-                          text=True, timeout=30)
-    assert fail.returncode == 1 and fail.stderr.startswith(f"FAIL  reachability  nothing listens on 127.0.0.1:{port}")
+    fail = subprocess.run(
+        cmd + ["--connect", f"127.0.0.1:{port}", "--timeout", "5"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert fail.returncode == 1 and fail.stderr.startswith(
+        f"FAIL  reachability  nothing listens on 127.0.0.1:{port}"
+    )
 
 
 # --- issue 13.12: what the doctor used to pass or crash on ----------------------------------------

@@ -5,6 +5,7 @@ tests/launch/test_multinode.py runs the scripts for real.
 
 Run: .venv/bin/python -m pytest tests/launch/test_launch.py -q   (~3 s)
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -31,25 +32,63 @@ from zerofit.launch.cluster_config import build_accelerate_env, build_spec, vali
 from zerofit.launch.render import render_hostfile, render_launch_files
 
 HOSTILE = "it's $(touch pwned); `id` \"x\""
-DS_CFG = {"compute_environment": "LOCAL_MACHINE", "distributed_type": "DEEPSPEED", "machine_rank": 0,
-          "deepspeed_config": {"deepspeed_config_file": "ds_config.json", "deepspeed_multinode_launcher": "standard",
-                               "zero3_init_flag": False},
-          "main_process_ip": "10.0.0.1", "main_process_port": 29500, "num_machines": 2, "num_processes": 16}
+DS_CFG = {
+    "compute_environment": "LOCAL_MACHINE",
+    "distributed_type": "DEEPSPEED",
+    "machine_rank": 0,
+    "deepspeed_config": {
+        "deepspeed_config_file": "ds_config.json",
+        "deepspeed_multinode_launcher": "standard",
+        "zero3_init_flag": False,
+    },
+    "main_process_ip": "10.0.0.1",
+    "main_process_port": 29500,
+    "num_machines": 2,
+    "num_processes": 16,
+}
 
 
 def spec(**kw) -> LaunchSpec:
-    base = dict(nodes=2, procs_per_node=8, main_addr="10.0.0.1", main_port=29500, script="train.py",
-                script_args=("--lr", "1e-5"), config_files=("acc.yaml",), use_deepspeed=True)
+    base = dict(
+        nodes=2,
+        procs_per_node=8,
+        main_addr="10.0.0.1",
+        main_port=29500,
+        script="train.py",
+        script_args=("--lr", "1e-5"),
+        config_files=("acc.yaml",),
+        use_deepspeed=True,
+    )
     return validate_spec(LaunchSpec(**{**base, **kw}))
 
 
 # --- command lists -------------------------------------------------------------------------------
 def test_accelerate_cmd_node1() -> None:
     assert build_accelerate_cmd(spec(), 1) == [
-        "accelerate", "launch", "--config_file", "acc.yaml", "--num_machines", "2", "--machine_rank", "1",
-        "--main_process_ip", "10.0.0.1", "--main_process_port", "29500", "--num_processes", "16",
-        "--deepspeed_multinode_launcher", "standard", "--rdzv_backend", "static", "--rdzv_conf", "timeout=600",
-        "train.py", "--lr", "1e-5"]
+        "accelerate",
+        "launch",
+        "--config_file",
+        "acc.yaml",
+        "--num_machines",
+        "2",
+        "--machine_rank",
+        "1",
+        "--main_process_ip",
+        "10.0.0.1",
+        "--main_process_port",
+        "29500",
+        "--num_processes",
+        "16",
+        "--deepspeed_multinode_launcher",
+        "standard",
+        "--rdzv_backend",
+        "static",
+        "--rdzv_conf",
+        "timeout=600",
+        "train.py",
+        "--lr",
+        "1e-5",
+    ]
 
 
 def test_accelerate_cmd_c10d_uses_join_timeout_and_per_node_config() -> None:
@@ -61,43 +100,94 @@ def test_accelerate_cmd_c10d_uses_join_timeout_and_per_node_config() -> None:
 
 def test_torchrun_c10d_and_static() -> None:
     assert build_torchrun_cmd(spec(job_id="run7"), 1) == [
-        "torchrun", "--nnodes", "2", "--nproc_per_node", "8", "--rdzv_backend", "c10d",
-        "--rdzv_endpoint", "10.0.0.1:29500", "--rdzv_id", "run7", "--rdzv_conf", "join_timeout=600",
-        "train.py", "--lr", "1e-5"]
+        "torchrun",
+        "--nnodes",
+        "2",
+        "--nproc_per_node",
+        "8",
+        "--rdzv_backend",
+        "c10d",
+        "--rdzv_endpoint",
+        "10.0.0.1:29500",
+        "--rdzv_id",
+        "run7",
+        "--rdzv_conf",
+        "join_timeout=600",
+        "train.py",
+        "--lr",
+        "1e-5",
+    ]
     assert build_torchrun_cmd(spec(), 1, static=True)[:11] == [
-        "torchrun", "--nnodes", "2", "--nproc_per_node", "8", "--node_rank", "1",
-        "--master_addr", "10.0.0.1", "--master_port", "29500"]
+        "torchrun",
+        "--nnodes",
+        "2",
+        "--nproc_per_node",
+        "8",
+        "--node_rank",
+        "1",
+        "--master_addr",
+        "10.0.0.1",
+        "--master_port",
+        "29500",
+    ]
     ipv6 = build_torchrun_cmd(spec(main_addr="fd00::1"), 0)
     assert ipv6[ipv6.index("--rdzv_endpoint") + 1] == "[fd00::1]:29500"
 
 
 def test_rank_env_counts_ranks_across_nodes() -> None:
     env = build_rank_env(spec(nodes=3, procs_per_node=4), node_rank=1, local_rank=3)
-    assert env == {"MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500", "WORLD_SIZE": "12", "NODE_RANK": "1",
-                   "RANK": "7", "LOCAL_RANK": "3", "LOCAL_WORLD_SIZE": "4"}
+    assert env == {
+        "MASTER_ADDR": "10.0.0.1",
+        "MASTER_PORT": "29500",
+        "WORLD_SIZE": "12",
+        "NODE_RANK": "1",
+        "RANK": "7",
+        "LOCAL_RANK": "3",
+        "LOCAL_WORLD_SIZE": "4",
+    }
 
 
 def test_accelerate_env_with_json_file_skips_what_accelerate_ignores() -> None:
     cfg = dict(DS_CFG, deepspeed_config=dict(DS_CFG["deepspeed_config"], zero_stage=2))
-    assert build_accelerate_env(cfg) == {"ACCELERATE_USE_DEEPSPEED": "true",
-                                         "ACCELERATE_DEEPSPEED_CONFIG_FILE": "ds_config.json",
-                                         "ACCELERATE_DEEPSPEED_ZERO3_INIT": "false"}
-    inline = dict(DS_CFG, mixed_precision="bf16", deepspeed_config={"zero_stage": 3, "offload_param_device": "cpu"})
-    assert build_accelerate_env(inline) == {"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_MIXED_PRECISION": "bf16",
-                                            "ACCELERATE_DEEPSPEED_ZERO_STAGE": "3",
-                                            "ACCELERATE_DEEPSPEED_OFFLOAD_PARAM_DEVICE": "cpu"}
+    assert build_accelerate_env(cfg) == {
+        "ACCELERATE_USE_DEEPSPEED": "true",
+        "ACCELERATE_DEEPSPEED_CONFIG_FILE": "ds_config.json",
+        "ACCELERATE_DEEPSPEED_ZERO3_INIT": "false",
+    }
+    inline = dict(
+        DS_CFG,
+        mixed_precision="bf16",
+        deepspeed_config={"zero_stage": 3, "offload_param_device": "cpu"},
+    )
+    assert build_accelerate_env(inline) == {
+        "ACCELERATE_USE_DEEPSPEED": "true",
+        "ACCELERATE_MIXED_PRECISION": "bf16",
+        "ACCELERATE_DEEPSPEED_ZERO_STAGE": "3",
+        "ACCELERATE_DEEPSPEED_OFFLOAD_PARAM_DEVICE": "cpu",
+    }
     assert build_accelerate_env({"distributed_type": "MULTI_GPU"}) == {}
 
 
 # --- validation ----------------------------------------------------------------------------------
-@pytest.mark.parametrize("change, field", [
-    ({"main_port": 0}, "main_port"), ({"main_port": 65536}, "main_port"), ({"nodes": 0}, "nodes"),
-    ({"main_addr": "10.0.0.1; rm -rf /"}, "main_addr"), ({"main_addr": "-bad.host"}, "main_addr"),
-    ({"style": "mpirun"}, "style"), ({"job_id": "a b"}, "job_id"), ({"script": ""}, "script"),
-    ({"hostnames": ("a", "a")}, "hosts"), ({"hostnames": ("a",)}, "hosts"), ({"hostnames": ("a", "b c")}, "hosts"),
-    ({"config_files": ("a", "b", "c")}, "config"), ({"log_dir": "my logs"}, "log_dir"),
-    ({"style": "accelerate", "config_files": ()}, "config"),
-])
+@pytest.mark.parametrize(
+    "change, field",
+    [
+        ({"main_port": 0}, "main_port"),
+        ({"main_port": 65536}, "main_port"),
+        ({"nodes": 0}, "nodes"),
+        ({"main_addr": "10.0.0.1; rm -rf /"}, "main_addr"),
+        ({"main_addr": "-bad.host"}, "main_addr"),
+        ({"style": "mpirun"}, "style"),
+        ({"job_id": "a b"}, "job_id"),
+        ({"script": ""}, "script"),
+        ({"hostnames": ("a", "a")}, "hosts"),
+        ({"hostnames": ("a",)}, "hosts"),
+        ({"hostnames": ("a", "b c")}, "hosts"),
+        ({"config_files": ("a", "b", "c")}, "config"),
+        ({"log_dir": "my logs"}, "log_dir"),
+        ({"style": "accelerate", "config_files": ()}, "config"),
+    ],
+)
 def test_validate_spec_rejects(change: dict, field: str) -> None:
     with pytest.raises(ZerofitError) as err:
         spec(**change)
@@ -120,18 +210,32 @@ def test_cluster_configs_must_agree_and_rank_from_zero() -> None:
 
 def test_build_spec_merges_config_and_flags() -> None:
     s, warns = build_spec([DS_CFG], ("acc.yaml",), script="train.py", main_port=30000)
-    assert (s.nodes, s.procs_per_node, s.main_addr, s.main_port, s.style) == (2, 8, "10.0.0.1", 30000, "accelerate")
+    assert (s.nodes, s.procs_per_node, s.main_addr, s.main_port, s.style) == (
+        2,
+        8,
+        "10.0.0.1",
+        30000,
+        "accelerate",
+    )
     assert warns == ["main port: using 30000 from the command line, not 29500 from accelerate.yaml"]
     with pytest.raises(ZerofitError, match="gpus_per_node: 16 disagrees"):
         build_spec([DS_CFG], ("acc.yaml",), script="t.py", procs_per_node=16)
-    pdsh = dict(DS_CFG, deepspeed_config={"deepspeed_config_file": "ds.json", "deepspeed_multinode_launcher": "pdsh"})
+    pdsh = dict(
+        DS_CFG,
+        deepspeed_config={
+            "deepspeed_config_file": "ds.json",
+            "deepspeed_multinode_launcher": "pdsh",
+        },
+    )
     _, warns = build_spec([pdsh], ("acc.yaml",), script="t.py")
     assert "deepspeed_multinode_launcher: pdsh" in warns[0] and "standard" in warns[0]
     with pytest.raises(ZerofitError, match="mixed_precision next to deepspeed_config_file"):
         build_spec([dict(DS_CFG, mixed_precision="no")], ("acc.yaml",), script="t.py")
     _, warns = build_spec([dict(DS_CFG, main_process_ip="127.0.0.1")], ("acc.yaml",), script="t.py")
-    assert warns == ["main address 127.0.0.1 is loopback: only a single machine can reach it (fine for a local "
-                     "test); pass --main-addr with node 0's address on the shared network"]
+    assert warns == [
+        "main address 127.0.0.1 is loopback: only a single machine can reach it (fine for a local "
+        "test); pass --main-addr with node 0's address on the shared network"
+    ]
     with pytest.raises(ZerofitError, match="main_addr: is needed for 2 nodes"):
         build_spec(style="torchrun", nodes=2, procs_per_node=1, script="t.py")
 
@@ -165,7 +269,9 @@ def fakebin(tmp_path: Path) -> tuple[dict, Path]:
         (bin_dir / name).write_text(RECORDER.format(python=sys.executable))
     (bin_dir / "srun").write_text(FAKE_SRUN)
     # many lines, so `head -n1` closes the pipe early (SIGPIPE) as with a real large allocation
-    (bin_dir / "scontrol").write_text("#!/usr/bin/env bash\nfor i in $(seq 17 5000); do echo gpu-a$i; done\n")
+    (bin_dir / "scontrol").write_text(
+        "#!/usr/bin/env bash\nfor i in $(seq 17 5000); do echo gpu-a$i; done\n"
+    )
     for f in bin_dir.iterdir():
         f.chmod(0o755)
     env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", RECORD_DIR=str(rec))
@@ -183,11 +289,15 @@ def records(rec: Path, name: str) -> list[dict]:
     return [json.loads(p.read_text()) for p in sorted(rec.glob(f"{name}-*.json"))]
 
 
-@pytest.mark.parametrize("style, tool", [("accelerate", "accelerate"), ("torchrun", "torchrun"),
-                                         ("torchrun-static", "torchrun")])
+@pytest.mark.parametrize(
+    "style, tool",
+    [("accelerate", "accelerate"), ("torchrun", "torchrun"), ("torchrun-static", "torchrun")],
+)
 def test_node_scripts_pass_hostile_values_verbatim(style, tool, fakebin, tmp_path) -> None:
     env, rec = fakebin
-    files = render_launch_files(spec(style=style, script="my dir/train.py", script_args=("--tag", HOSTILE)))
+    files = render_launch_files(
+        spec(style=style, script="my dir/train.py", script_args=("--tag", HOSTILE))
+    )
     assert sorted(files) == ["node0.sh", "node1.sh"]
     run_files(files, "node1.sh", tmp_path, env)
     (got,) = records(rec, tool)
@@ -202,13 +312,27 @@ def test_node_scripts_pass_hostile_values_verbatim(style, tool, fakebin, tmp_pat
 
 def test_env_style_starts_one_process_per_local_rank(fakebin, tmp_path) -> None:
     env, rec = fakebin
-    s = spec(style="env", procs_per_node=3, python=str(tmp_path / "bin" / "fakepy"), script_args=(HOSTILE,),
-             accelerate_env=(("ACCELERATE_USE_DEEPSPEED", "true"),))
+    s = spec(
+        style="env",
+        procs_per_node=3,
+        python=str(tmp_path / "bin" / "fakepy"),
+        script_args=(HOSTILE,),
+        accelerate_env=(("ACCELERATE_USE_DEEPSPEED", "true"),),
+    )
     run_files(render_launch_files(s), "node1.sh", tmp_path, env)
     got = records(rec, "fakepy")
-    assert sorted((r["env"]["RANK"], r["env"]["LOCAL_RANK"]) for r in got) == [("3", "0"), ("4", "1"), ("5", "2")]
-    assert {r["env"]["WORLD_SIZE"] for r in got} == {"6"} and {r["env"]["NODE_RANK"] for r in got} == {"1"}
-    assert all(r["argv"] == ["train.py", HOSTILE] and r["env"]["ACCELERATE_USE_DEEPSPEED"] == "true" for r in got)
+    assert sorted((r["env"]["RANK"], r["env"]["LOCAL_RANK"]) for r in got) == [
+        ("3", "0"),
+        ("4", "1"),
+        ("5", "2"),
+    ]
+    assert {r["env"]["WORLD_SIZE"] for r in got} == {"6"} and {
+        r["env"]["NODE_RANK"] for r in got
+    } == {"1"}
+    assert all(
+        r["argv"] == ["train.py", HOSTILE] and r["env"]["ACCELERATE_USE_DEEPSPEED"] == "true"
+        for r in got
+    )
 
 
 def test_env_style_propagates_a_failed_rank(tmp_path) -> None:
@@ -216,7 +340,9 @@ def test_env_style_propagates_a_failed_rank(tmp_path) -> None:
     fail.write_text('#!/usr/bin/env bash\n[ "$LOCAL_RANK" = 1 ] && exit 7\nexec sleep 30\n')
     fail.chmod(0o755)
     script = tmp_path / "node0.sh"
-    script.write_text(render_launch_files(spec(style="env", procs_per_node=2, python=str(fail)))["node0.sh"])
+    script.write_text(
+        render_launch_files(spec(style="env", procs_per_node=2, python=str(fail)))["node0.sh"]
+    )
     res = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=20)
     assert res.returncode == 1
     assert "zerofit: node 0: a rank failed, stopped the rest" in res.stderr
@@ -244,8 +370,18 @@ def test_slurm_script_values_and_per_node_expansion(fakebin, tmp_path) -> None:
     # srun no longer inherits --cpus-per-task from sbatch (22.05+)
     assert '--cpus-per-task="${SLURM_CPUS_PER_TASK:-64}"' in text
     assert "# <-- edit" in text
-    run_files(files, "job.sbatch", tmp_path, dict(env, SLURM_NNODES="2", SLURM_JOB_NODELIST="gpu-a[17-18]",
-                                                 SLURM_JOB_ID="4242", SLURM_JOB_NAME="grpo7"))
+    run_files(
+        files,
+        "job.sbatch",
+        tmp_path,
+        dict(
+            env,
+            SLURM_NNODES="2",
+            SLURM_JOB_NODELIST="gpu-a[17-18]",
+            SLURM_JOB_ID="4242",
+            SLURM_JOB_NAME="grpo7",
+        ),
+    )
     got = sorted(records(rec, "accelerate"), key=lambda r: r["env"]["SLURM_NODEID"])
     assert [r["argv"][r["argv"].index("--machine_rank") + 1] for r in got] == ["0", "1"]
     for r in got:
@@ -259,19 +395,30 @@ def test_slurm_script_values_and_per_node_expansion(fakebin, tmp_path) -> None:
 def test_slurm_refuses_a_mismatched_allocation(tmp_path) -> None:
     script = tmp_path / "job.sbatch"
     script.write_text(render_launch_files(spec(style="slurm"))["job.sbatch"])
-    res = subprocess.run(["bash", str(script)], env=dict(os.environ, SLURM_NNODES="3"), capture_output=True,
-                         text=True, cwd=tmp_path)
+    res = subprocess.run(
+        ["bash", str(script)],
+        env=dict(os.environ, SLURM_NNODES="3"),
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
     assert res.returncode == 2 and "allocation has 3 nodes, the config expects 2" in res.stderr
 
 
 def test_deepspeed_hostfile_and_launch(fakebin, tmp_path) -> None:
     env, rec = fakebin
-    s = spec(style="deepspeed", hostnames=("gpu-a17", "gpu-a18"), main_addr="gpu-a17",
-             accelerate_env=(("ACCELERATE_USE_DEEPSPEED", "true"),))
+    s = spec(
+        style="deepspeed",
+        hostnames=("gpu-a17", "gpu-a18"),
+        main_addr="gpu-a17",
+        accelerate_env=(("ACCELERATE_USE_DEEPSPEED", "true"),),
+    )
     files = render_launch_files(s)
     assert files["hostfile"] == "gpu-a17 slots=8\ngpu-a18 slots=8\n"
-    assert files[".deepspeed_env"] == ("TORCH_NCCL_ASYNC_ERROR_HANDLING=1\nDEEPSPEED_TIMEOUT=10\n"
-                                       "ACCELERATE_USE_DEEPSPEED=true\n")
+    assert files[".deepspeed_env"] == (
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING=1\nDEEPSPEED_TIMEOUT=10\n"
+        "ACCELERATE_USE_DEEPSPEED=true\n"
+    )
     run_files(files, "launch.sh", tmp_path, env)
     (got,) = records(rec, "deepspeed")
     assert got["argv"] == [
@@ -291,13 +438,16 @@ def test_deepspeed_hostfile_and_launch(fakebin, tmp_path) -> None:
         "1e-5",
     ]
     assert got["env"]["DS_ENV_FILE"] == f"{tmp_path}/.deepspeed_env"
-    assert render_hostfile(spec(style="deepspeed", nodes=2)).startswith("node0 slots=8   # <-- edit")
+    assert render_hostfile(spec(style="deepspeed", nodes=2)).startswith(
+        "node0 slots=8   # <-- edit"
+    )
 
 
 # --- the CLI ------------------------------------------------------------------------------------
 def test_cli_writes_executable_scripts_and_refuses_overwrite(tmp_path, capsys) -> None:
     cfg = tmp_path / "accelerate.yaml"
     import yaml
+
     cfg.write_text(yaml.safe_dump(DS_CFG))
     out = tmp_path / "launch"
     argv = ["launch", "--config", str(cfg), "--out", str(out), "--", "train.py", "--lr", "1e-5"]
@@ -313,17 +463,54 @@ def test_cli_writes_executable_scripts_and_refuses_overwrite(tmp_path, capsys) -
 
 
 def test_cli_prints_without_out_and_reports_errors(tmp_path, capsys) -> None:
-    assert main(["launch", "--style", "torchrun", "--nodes", "2", "--gpus-per-node", "4", "--main-addr", "10.1.1.1",
-                 "--", "train.py"]) == 0
+    assert (
+        main(
+            [
+                "launch",
+                "--style",
+                "torchrun",
+                "--nodes",
+                "2",
+                "--gpus-per-node",
+                "4",
+                "--main-addr",
+                "10.1.1.1",
+                "--",
+                "train.py",
+            ]
+        )
+        == 0
+    )
     printed = capsys.readouterr().out
     assert "# ===== node0.sh =====" in printed and "# ===== node1.sh =====" in printed
     assert "--rdzv_endpoint 10.1.1.1:29500" in printed
     assert main(["launch", "--style", "torchrun", "--nodes", "2", "--gpus-per-node", "4"]) == 2
     assert "script: no training script given" in capsys.readouterr().err
-    assert main(["launch", "--style", "torchrun", "--nodes", "2", "--gpus-per-node", "4", "--main-addr", "10.1.1.1",
-                 "--main-port", "99999", "--", "t.py"]) == 2
+    assert (
+        main(
+            [
+                "launch",
+                "--style",
+                "torchrun",
+                "--nodes",
+                "2",
+                "--gpus-per-node",
+                "4",
+                "--main-addr",
+                "10.1.1.1",
+                "--main-port",
+                "99999",
+                "--",
+                "t.py",
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err
-    assert err.startswith("zerofit: error: main_port: 99999 is out of range") and "Traceback" not in err
+    assert (
+        err.startswith("zerofit: error: main_port: 99999 is out of range")
+        and "Traceback" not in err
+    )
 
 
 # --- issue 13.3: what reaches a remote host through DeepSpeed's pdsh runner ---------------------

@@ -7,6 +7,7 @@ node give up after the configured rendezvous timeout.
 
 Run: .venv/bin/python -m pytest tests/launch/test_multinode.py -q   (serial; ~15-25 s per run when warm)
 """
+
 from __future__ import annotations
 
 import json
@@ -44,18 +45,53 @@ def cluster(tmp_path: Path, monkeypatch) -> Path:
     nodes run from tmp_path like a user launching from their project directory.
     """
     monkeypatch.chdir(tmp_path)
-    argv = ["config", "--model", "qwen2.5-0.5b", "--gpu", "H100-SXM", "--gpus-per-node", "1", "--nodes", "2",
-            "--stage", "2", "--micro-batch", "2", "--global-batch", "4", "--main-process-port", str(free_port()),
-            "--out", "cfg"]
+    argv = [
+        "config",
+        "--model",
+        "qwen2.5-0.5b",
+        "--gpu",
+        "H100-SXM",
+        "--gpus-per-node",
+        "1",
+        "--nodes",
+        "2",
+        "--stage",
+        "2",
+        "--micro-batch",
+        "2",
+        "--global-batch",
+        "4",
+        "--main-process-port",
+        str(free_port()),
+        "--out",
+        "cfg",
+    ]
     assert main(argv) == 0
-    assert json.loads((tmp_path / "cfg" / "ds_config.json").read_text())["zero_optimization"]["stage"] == 2
+    assert (
+        json.loads((tmp_path / "cfg" / "ds_config.json").read_text())["zero_optimization"]["stage"]
+        == 2
+    )
     return tmp_path
 
 
 def render(cluster: Path, style: str, *train_args: str, timeout: int = 60) -> Path:
     out = cluster / style
-    argv = ["launch", "--config", "cfg/accelerate.yaml", "--style", style, "--out", str(out),
-            "--timeout", str(timeout), "--python", sys.executable, "--", str(TRAIN), *train_args]
+    argv = [
+        "launch",
+        "--config",
+        "cfg/accelerate.yaml",
+        "--style",
+        style,
+        "--out",
+        str(out),
+        "--timeout",
+        str(timeout),
+        "--python",
+        sys.executable,
+        "--",
+        str(TRAIN),
+        *train_args,
+    ]
     assert main(argv) == 0
     return out
 
@@ -67,7 +103,9 @@ def tools(tmp_path_factory) -> str:
     command hashes, so alternating them rebuilds the op (~50 s) on every switch."""
     bin_dir = tmp_path_factory.mktemp("bin")
     names = ["accelerate", "torchrun"]  # env style gets --python sys.executable
-    if shutil.which("ninja") is None:  # no ninja elsewhere: the venv's is the only one, so no switching
+    if (
+        shutil.which("ninja") is None
+    ):  # no ninja elsewhere: the venv's is the only one, so no switching
         names.append("ninja")
     for name in names:
         (bin_dir / name).symlink_to(Path(sys.executable).parent / name)
@@ -81,8 +119,14 @@ def node_env(tools: str, **extra: str) -> dict:
 def start(script: Path, log: Path, tools: str) -> subprocess.Popen:
     env = node_env(tools)
     with open(log, "wb") as fh:  # own session: the test can stop the node's whole process tree
-        return subprocess.Popen(["bash", str(script)], stdout=fh, stderr=subprocess.STDOUT, env=env,
-                                cwd=script.parent.parent, start_new_session=True)
+        return subprocess.Popen(
+            ["bash", str(script)],
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=script.parent.parent,
+            start_new_session=True,
+        )
 
 
 def descendants(pid: int) -> list[int]:
@@ -141,20 +185,74 @@ def test_two_nodes_train_and_exit_zero(cluster: Path, style: str, tools: str) ->
     assert "zero_stage 2" in both
     assert "multinode_train: done, 3 steps, world size 2" in both
     # loss is all-reduced, so both ranks print the same value at each step
-    losses = sorted(line.split(" loss ")[1] for line in both.splitlines() if " step 2 loss " in line)
+    losses = sorted(
+        line.split(" loss ")[1] for line in both.splitlines() if " step 2 loss " in line
+    )
     assert len(losses) == 2 and losses[0] == losses[1]
 
 
 def test_grpo_recipe_on_two_nodes(tmp_path: Path, monkeypatch, tools: str) -> None:
     """The GRPO recipe (tiny built-in model and toy task) through `zerofit config` + `zerofit launch`."""
     monkeypatch.chdir(tmp_path)
-    assert main(["config", "--model", "qwen2.5-0.5b", "--gpu", "L4", "--gpus-per-node", "1", "--nodes", "2",
-                 "--workload", "grpo", "--stage", "2", "--global-batch", "16", "--micro-batch", "8",
-                 "--num-generations", "8", "--seq-len", "16", "--completion-len", "8", "--precision", "bf16",
-                 "--main-process-port", str(free_port()), "--out", "cfg"]) == 0
-    assert main(["launch", "--config", "cfg/accelerate.yaml", "--out", "launch", "--", str(GRPO),
-                 "--max-steps", "2", "--save-every", "0", "--output-dir", "run"]) == 0
-    nodes = [start(tmp_path / "launch" / f"node{r}.sh", tmp_path / f"grpo{r}.log", tools) for r in (0, 1)]
+    assert (
+        main(
+            [
+                "config",
+                "--model",
+                "qwen2.5-0.5b",
+                "--gpu",
+                "L4",
+                "--gpus-per-node",
+                "1",
+                "--nodes",
+                "2",
+                "--workload",
+                "grpo",
+                "--stage",
+                "2",
+                "--global-batch",
+                "16",
+                "--micro-batch",
+                "8",
+                "--num-generations",
+                "8",
+                "--seq-len",
+                "16",
+                "--completion-len",
+                "8",
+                "--precision",
+                "bf16",
+                "--main-process-port",
+                str(free_port()),
+                "--out",
+                "cfg",
+            ]
+        )
+        == 0
+    )
+    assert (
+        main(
+            [
+                "launch",
+                "--config",
+                "cfg/accelerate.yaml",
+                "--out",
+                "launch",
+                "--",
+                str(GRPO),
+                "--max-steps",
+                "2",
+                "--save-every",
+                "0",
+                "--output-dir",
+                "run",
+            ]
+        )
+        == 0
+    )
+    nodes = [
+        start(tmp_path / "launch" / f"node{r}.sh", tmp_path / f"grpo{r}.log", tools) for r in (0, 1)
+    ]
     try:
         codes = [wait_for(p, RUN_LIMIT) for p in nodes]
     finally:
@@ -163,12 +261,25 @@ def test_grpo_recipe_on_two_nodes(tmp_path: Path, monkeypatch, tools: str) -> No
     logs = [(tmp_path / f"grpo{r}.log").read_text() for r in (0, 1)]
     assert codes == [0, 0], [log[-3000:] for log in logs]
     assert "grpo: 2 process(es), ZeRO stage 2, 2 prompts x 8 generations per step" in logs[0]
-    steps = [json.loads(line)["step"] for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    steps = [
+        json.loads(line)["step"]
+        for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    ]
     assert steps == [1, 2]
 
 
 def test_node_killed_mid_run_fails_fast_with_message(cluster: Path, tools: str) -> None:
-    out = render(cluster, "accelerate", "--steps", "200", "--step-sleep", "0.5", "--timeout", "30", timeout=60)
+    out = render(
+        cluster,
+        "accelerate",
+        "--steps",
+        "200",
+        "--step-sleep",
+        "0.5",
+        "--timeout",
+        "30",
+        timeout=60,
+    )
     logs = [cluster / "fault0.log", cluster / "fault1.log"]
     nodes = [start(out / f"node{r}.sh", logs[r], tools) for r in (0, 1)]
     try:
@@ -225,12 +336,21 @@ def netns():
     if _ip("netns", "add", names[0]).returncode != 0:
         pytest.skip("`ip netns add` is not permitted here")
     try:
-        steps = [("netns", "add", names[1]),
-                 ("link", "add", f"{tag}va", "type", "veth", "peer", "name", f"{tag}vb"),
-                 ("link", "set", f"{tag}va", "netns", names[0]), ("link", "set", f"{tag}vb", "netns", names[1])]
-        for ns, dev, addr in ((names[0], f"{tag}va", "10.77.0.1/24"), (names[1], f"{tag}vb", "10.77.0.2/24")):
-            steps += [("-n", ns, "addr", "add", addr, "dev", dev), ("-n", ns, "link", "set", dev, "up"),
-                      ("-n", ns, "link", "set", "lo", "up")]
+        steps = [
+            ("netns", "add", names[1]),
+            ("link", "add", f"{tag}va", "type", "veth", "peer", "name", f"{tag}vb"),
+            ("link", "set", f"{tag}va", "netns", names[0]),
+            ("link", "set", f"{tag}vb", "netns", names[1]),
+        ]
+        for ns, dev, addr in (
+            (names[0], f"{tag}va", "10.77.0.1/24"),
+            (names[1], f"{tag}vb", "10.77.0.2/24"),
+        ):
+            steps += [
+                ("-n", ns, "addr", "add", addr, "dev", dev),
+                ("-n", ns, "link", "set", dev, "up"),
+                ("-n", ns, "link", "set", "lo", "up"),
+            ]
         for step in steps:
             res = _ip(*step)
             if res.returncode != 0:
@@ -249,35 +369,71 @@ def test_doctor_serve_connect_across_namespaces(netns) -> None:
     (ns_a, _, addr_a), (ns_b, _, _) = netns
     port = free_port()
     doctor = [sys.executable, "-m", "zerofit", "doctor"]
-    server = subprocess.Popen(in_ns(ns_a, doctor + ["--serve", str(port), "--timeout", "30"]),
-                              stdout=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    server = subprocess.Popen(
+        in_ns(ns_a, doctor + ["--serve", str(port), "--timeout", "30"]),
+        stdout=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ, PYTHONUNBUFFERED="1"),
+    )
     try:
         assert "listening on port" in server.stdout.readline()
-        ok = subprocess.run(in_ns(ns_b, doctor + ["--connect", f"{addr_a}:{port}", "--timeout", "5"]),
-                            capture_output=True, text=True, timeout=30)
+        ok = subprocess.run(
+            in_ns(ns_b, doctor + ["--connect", f"{addr_a}:{port}", "--timeout", "5"]),
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         assert ok.returncode == 0, ok.stderr
         assert server.wait(timeout=10) == 0
     finally:
         if server.poll() is None:
             server.kill()
     # B's own loopback is not A's: the classic "127.0.0.1 as main address" mistake, seen from node 1
-    wrong = subprocess.run(in_ns(ns_b, doctor + ["--connect", f"127.0.0.1:{port}", "--timeout", "5"]),
-                           capture_output=True, text=True, timeout=30)
+    wrong = subprocess.run(
+        in_ns(ns_b, doctor + ["--connect", f"127.0.0.1:{port}", "--timeout", "5"]),
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert wrong.returncode == 1 and "nothing listens on 127.0.0.1" in wrong.stderr
 
 
 def test_two_nodes_in_separate_network_namespaces(cluster: Path, netns, tools: str) -> None:
     (ns_a, dev_a, addr_a), (ns_b, dev_b, _) = netns
     out = cluster / "netns"
-    assert main(["launch", "--config", "cfg/accelerate.yaml", "--main-addr", addr_a, "--out", str(out),
-                 "--", str(TRAIN), "--steps", "3"]) == 0
+    assert (
+        main(
+            [
+                "launch",
+                "--config",
+                "cfg/accelerate.yaml",
+                "--main-addr",
+                addr_a,
+                "--out",
+                str(out),
+                "--",
+                str(TRAIN),
+                "--steps",
+                "3",
+            ]
+        )
+        == 0
+    )
     nodes = []
     for rank, (ns, dev) in enumerate(((ns_a, dev_a), (ns_b, dev_b))):
         # what the commented GLOO_/NCCL_SOCKET_IFNAME lines are for: each node names its interface
         env = node_env(tools, GLOO_SOCKET_IFNAME=dev)
         with open(cluster / f"ns{rank}.log", "wb") as fh:
-            nodes.append(subprocess.Popen(in_ns(ns, ["bash", str(out / f"node{rank}.sh")]), stdout=fh,
-                                          stderr=subprocess.STDOUT, env=env, cwd=cluster, start_new_session=True))
+            nodes.append(
+                subprocess.Popen(
+                    in_ns(ns, ["bash", str(out / f"node{rank}.sh")]),
+                    stdout=fh,
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                    cwd=cluster,
+                    start_new_session=True,
+                )
+            )
     try:
         codes = [wait_for(p, RUN_LIMIT) for p in nodes]
     finally:
@@ -285,4 +441,7 @@ def test_two_nodes_in_separate_network_namespaces(cluster: Path, netns, tools: s
             stop(p)
     logs = [(cluster / f"ns{r}.log").read_text() for r in (0, 1)]
     assert codes == [0, 0], logs
-    assert "rank 1/2 step 2 loss" in logs[1] and "multinode_train: done, 3 steps, world size 2" in logs[0]
+    assert (
+        "rank 1/2 step 2 loss" in logs[1]
+        and "multinode_train: done, 3 steps, world size 2" in logs[0]
+    )

@@ -144,8 +144,10 @@ def node_logs(project: Path, job_id: str) -> list[str]:
 
 def explain(project: Path, job_id: str, cluster=None) -> str:
     logs = node_logs(project, job_id)
-    text = (f"job output:\n{job_output(project, job_id)[-3000:]}\nnode0:\n{logs[0][-2000:]}\n"
-            f"node1:\n{logs[1][-2000:]}")
+    text = (
+        f"job output:\n{job_output(project, job_id)[-3000:]}\nnode0:\n{logs[0][-2000:]}\n"
+        f"node1:\n{logs[1][-2000:]}"
+    )
     if cluster is not None:
         ctld = (cluster.root / "slurmctld.log").read_text(errors="replace").splitlines()
         text += (
@@ -252,13 +254,26 @@ def test_time_limit_requeues_and_restarts_with_resume(slurm_cluster, project, to
     `latest`), the limit is cut to one minute, so Slurm's own warning comes next (at most ~30 s
     later, its check period) and always after that checkpoint, whatever the machine's load.
     """
-    job = render_job(project, tool_path, "--requeue", "--signal-seconds", "50", "--time", "5",
-                     "--no-doctor", script=[str(PROBE), "--output-dir", "probe"])
+    job = render_job(
+        project,
+        tool_path,
+        "--requeue",
+        "--signal-seconds",
+        "50",
+        "--time",
+        "5",
+        "--no-doctor",
+        script=[str(PROBE), "--output-dir", "probe"],
+    )
     job_id = submit(slurm_cluster, job, project)
     try:
-        wait_until("the first start's checkpoint", lambda: (project / "probe" / "latest").exists()
-                   or slurm_cluster.job(job_id).get("JobState") not in ("RUNNING", "PENDING"),
-                   JOB_LIMIT, every=0.2)
+        wait_until(
+            "the first start's checkpoint",
+            lambda: (project / "probe" / "latest").exists()
+            or slurm_cluster.job(job_id).get("JobState") not in ("RUNNING", "PENDING"),
+            JOB_LIMIT,
+            every=0.2,
+        )
         assert (project / "probe" / "latest").exists(), explain(project, job_id, slurm_cluster)
         cut = time.monotonic()
         res = slurm_cluster.client("scontrol", "update", f"jobid={job_id}", "TimeLimit=1")

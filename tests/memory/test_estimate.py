@@ -2,6 +2,7 @@
 
 Run: .venv/bin/python -m pytest tests/memory/test_estimate.py -q -s   (-s prints the calibration error table)
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -11,8 +12,13 @@ from pathlib import Path
 import pytest
 
 from memory_shapes import QWEN25_05B, QWEN25_7B, LLAMA31_70B
-from zerofit.memory.estimate import (DEEPSPEED_DEFAULT_BUCKETS, GIB, TrainSetup, estimate_memory,
-                            estimate_model_states)
+from zerofit.memory.estimate import (
+    DEEPSPEED_DEFAULT_BUCKETS,
+    GIB,
+    TrainSetup,
+    estimate_memory,
+    estimate_model_states,
+)
 
 CALIBRATION = Path("/work/shared/calibration/mem_h100_qwen2.5-0.5b.jsonl")
 P = QWEN25_05B.params  # 494,032,768
@@ -28,8 +34,14 @@ def _calibration_points():
 
 def _setup_for(point) -> TrainSetup:
     # the calibration runs left every bucket at DeepSpeed's default (5e8 elements)
-    return TrainSetup(stage=point["stage"], offload_optimizer=point["offload"], micro_batch=point["mbs"],
-                      seq_len=point["seq"], gradient_checkpointing=point["gc"], buckets=DEEPSPEED_DEFAULT_BUCKETS)
+    return TrainSetup(
+        stage=point["stage"],
+        offload_optimizer=point["offload"],
+        micro_batch=point["mbs"],
+        seq_len=point["seq"],
+        gradient_checkpointing=point["gc"],
+        buckets=DEEPSPEED_DEFAULT_BUCKETS,
+    )
 
 
 def test_calibration_points_within_2_percent():
@@ -42,8 +54,10 @@ def test_calibration_points_within_2_percent():
         est = estimate_memory(QWEN25_05B, _setup_for(pt))
         err = est.peak_gib / pt["peak_alloc_gib"] - 1
         worst, most_under = max(worst, abs(err)), min(most_under, err)
-        rows.append(f"stage {pt['stage']} offload {pt['offload']:4} seq {pt['seq']:5} mbs {pt['mbs']} gc {pt['gc']!s:5} "
-                    f"measured {pt['peak_alloc_gib']:7.3f} predicted {est.peak_gib:7.3f} GiB  {err:+6.1%}  ({est.phase})")
+        rows.append(
+            f"stage {pt['stage']} offload {pt['offload']:4} seq {pt['seq']:5} mbs {pt['mbs']} gc {pt['gc']!s:5} "
+            f"measured {pt['peak_alloc_gib']:7.3f} predicted {est.peak_gib:7.3f} GiB  {err:+6.1%}  ({est.phase})"
+        )
     print("\n" + "\n".join(rows) + f"\nworst |error| {worst:.1%}")
     assert worst <= 0.02 and most_under >= -0.01
 
@@ -72,18 +86,29 @@ def test_zero_paper_model_states(stage, expected_gb):
 
 def test_zero_paper_shape_in_full_estimate():
     # the full model keeps the paper's 2Psi + 12Psi/N + ... structure: stage 3 states shrink 64x
-    s1 = estimate_memory(QWEN25_7B, TrainSetup(stage=3, world_size=1, buckets={"reduce_bucket_size": 0}))
-    s64 = estimate_memory(QWEN25_7B, TrainSetup(stage=3, world_size=64, buckets={"reduce_bucket_size": 0}))
+    s1 = estimate_memory(
+        QWEN25_7B, TrainSetup(stage=3, world_size=1, buckets={"reduce_bucket_size": 0})
+    )
+    s64 = estimate_memory(
+        QWEN25_7B, TrainSetup(stage=3, world_size=64, buckets={"reduce_bucket_size": 0})
+    )
     states = ("params", "master_fp32", "optimizer_states", "gradients")
     assert sum(s1.breakdown.get(k, 0) for k in states) == pytest.approx(
-        16 * QWEN25_7B.params, rel=1e-6)
-    assert sum(s64.breakdown.get(k, 0) for k in states) == pytest.approx(16 * QWEN25_7B.params / 64, rel=1e-3)
+        16 * QWEN25_7B.params, rel=1e-6
+    )
+    assert sum(s64.breakdown.get(k, 0) for k in states) == pytest.approx(
+        16 * QWEN25_7B.params / 64, rel=1e-3
+    )
 
 
 @pytest.mark.parametrize("model", [QWEN25_05B, QWEN25_7B, LLAMA31_70B], ids=lambda m: m.name)
 def test_more_gpus_never_increase_stage3_peak(model):
-    peaks = [estimate_memory(model, TrainSetup(stage=3, world_size=n, micro_batch=1, seq_len=2048)).peak_bytes
-             for n in (1, 2, 4, 8, 16, 64, 256)]
+    peaks = [
+        estimate_memory(
+            model, TrainSetup(stage=3, world_size=n, micro_batch=1, seq_len=2048)
+        ).peak_bytes
+        for n in (1, 2, 4, 8, 16, 64, 256)
+    ]
     assert peaks == sorted(peaks, reverse=True)
 
 
@@ -92,7 +117,9 @@ def test_more_gpus_never_increase_stage3_peak(model):
 def test_checkpointing_never_increases_peak(stage, seq, micro):
     base = TrainSetup(stage=stage, world_size=8, micro_batch=micro, seq_len=seq)
     off = estimate_memory(QWEN25_7B, base).peak_bytes
-    on = estimate_memory(QWEN25_7B, dataclasses.replace(base, gradient_checkpointing=True)).peak_bytes
+    on = estimate_memory(
+        QWEN25_7B, dataclasses.replace(base, gradient_checkpointing=True)
+    ).peak_bytes
     assert on <= off
 
 
@@ -104,26 +131,37 @@ def test_offload_moves_memory_to_cpu(stage):
     assert off.peak_bytes < gpu_only.peak_bytes
     assert gpu_only.cpu_bytes == 0 and off.cpu_bytes > 0
     if stage == 3:
-        both = estimate_memory(QWEN25_7B, dataclasses.replace(base, offload_optimizer="cpu", offload_param="cpu"))
+        both = estimate_memory(
+            QWEN25_7B, dataclasses.replace(base, offload_optimizer="cpu", offload_param="cpu")
+        )
         assert both.peak_bytes <= off.peak_bytes and both.cpu_bytes > off.cpu_bytes
 
 
 def test_longer_sequences_and_bigger_micro_batches_cost_more():
-    peaks = [estimate_memory(QWEN25_05B, TrainSetup(seq_len=s)).peak_bytes for s in (512, 1024, 2048, 4096)]
+    peaks = [
+        estimate_memory(QWEN25_05B, TrainSetup(seq_len=s)).peak_bytes
+        for s in (512, 1024, 2048, 4096)
+    ]
     assert peaks == sorted(peaks) and peaks[0] < peaks[-1]
     eager = estimate_memory(QWEN25_05B, TrainSetup(seq_len=4096, attention="eager")).peak_bytes
-    assert eager > peaks[-1]   # s*s score/prob tensors per head and layer
+    assert eager > peaks[-1]  # s*s score/prob tensors per head and layer
 
 
 def test_rl_workloads_add_their_extras():
     sft = estimate_memory(QWEN25_05B, TrainSetup(micro_batch=2, seq_len=1024))
     dpo = estimate_memory(QWEN25_05B, TrainSetup(micro_batch=2, seq_len=1024, workload="dpo"))
-    assert dpo.peak_bytes > sft.peak_bytes and "reference" in dpo.phases and dpo.breakdown["reference_model"] == 2 * P
-    grpo = estimate_memory(QWEN25_05B, TrainSetup(micro_batch=16, grad_accum=4, seq_len=320, workload="grpo",
-                                                  completion_len=256))
+    assert (
+        dpo.peak_bytes > sft.peak_bytes
+        and "reference" in dpo.phases
+        and dpo.breakdown["reference_model"] == 2 * P
+    )
+    grpo = estimate_memory(
+        QWEN25_05B,
+        TrainSetup(micro_batch=16, grad_accum=4, seq_len=320, workload="grpo", completion_len=256),
+    )
     # KV cache of 64 completions x 320 tokens x 24 layers x (k, v) x 2 heads x 64 dims x 2 bytes
     assert grpo.phases["rollout"] >= 64 * 320 * 24 * 2 * 2 * 64 * 2
-    assert "reference" not in grpo.phases   # grpo defaults to beta = 0, no reference model
+    assert "reference" not in grpo.phases  # grpo defaults to beta = 0, no reference model
 
 
 def test_fits_and_gib_views():
@@ -131,24 +169,25 @@ def test_fits_and_gib_views():
     assert est.fits(79.6, 0.9) and not est.fits(8.0, 0.9)
     assert est.peak_gib == pytest.approx(est.peak_bytes / GIB)
     in_peak = [v for k, v in est.breakdown_gib().items() if "not in peak" not in k]
-    assert sum(in_peak) == pytest.approx(
-        est.peak_gib, abs=0.01)
+    assert sum(in_peak) == pytest.approx(est.peak_gib, abs=0.01)
 
 
 def test_known_breakdown_qwen05b_stage2_seq1024_mbs2():
     """One case spelled out. Qwen2.5-0.5B, ZeRO-2, 1 GPU, bf16, seq 1024 x 2, no checkpointing."""
-    est = estimate_memory(QWEN25_05B, TrainSetup(stage=2, micro_batch=2, seq_len=1024,
-                                                 buckets=DEEPSPEED_DEFAULT_BUCKETS))
-    assert est.phase == "forward"            # the loss path at the start of backward sets the peak
+    est = estimate_memory(
+        QWEN25_05B,
+        TrainSetup(stage=2, micro_batch=2, seq_len=1024, buckets=DEEPSPEED_DEFAULT_BUCKETS),
+    )
+    assert est.phase == "forward"  # the loss path at the start of backward sets the peak
     b = est.breakdown
-    assert b["params"] == 2 * P              # bf16 flat params: 988,065,536
-    assert b["master_fp32"] == 4 * P         # fp32 partition: 1,976,131,072
-    assert b["optimizer_states"] == 8 * P    # AdamW exp_avg + exp_avg_sq: 3,952,262,144
+    assert b["params"] == 2 * P  # bf16 flat params: 988,065,536
+    assert b["master_fp32"] == 4 * P  # fp32 partition: 1,976,131,072
+    assert b["optimizer_states"] == 8 * P  # AdamW exp_avg + exp_avg_sq: 3,952,262,144
     # per token per layer: 2 RMSNorms (4h fp32 + 2h bf16 + 2h out) = 2*(3584+1792)+2*1792 = 14336
     # attention: q 2*896 + k,v 2*2*128 + out 2*896 + lse 4*14 = 1792+512+1792+56 = 4152
     # MLP: 4 tensors of 4864 x 2 bytes = 38912  -> 57400 per layer; final norm 4h + 2*2h = 7168
     tokens = 2 * 1024
-    assert b["activations"] == tokens * (24 * 57_400 + 7_168)          # 2,836,004,864
+    assert b["activations"] == tokens * (24 * 57_400 + 7_168)  # 2,836,004,864
     # loss path at the start of backward: fp32 log_softmax, its grad and the grad it makes: 3 x 4 x V
-    assert b["logits"] == tokens * 3 * 4 * 151_936                    # 3,733,979,136
-    assert est.peak_bytes == 14 * P + 2_836_004_864 + 3_733_979_136   # 13,486,442,752 B = 12.56 GiB
+    assert b["logits"] == tokens * 3 * 4 * 151_936  # 3,733,979,136
+    assert est.peak_bytes == 14 * P + 2_836_004_864 + 3_733_979_136  # 13,486,442,752 B = 12.56 GiB

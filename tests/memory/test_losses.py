@@ -165,20 +165,21 @@ def test_full_logits_dpo_reference_forward_holds_the_policy_logits():
         return torch.gather(logps, 2, labels[:, 1:].unsqueeze(2)).squeeze(2).sum(-1)
 
     def step():
-        all_logits = (hidden @ weight.t()).to(torch.float32)   # concatenated_forward
+        all_logits = (hidden @ weight.t()).to(torch.float32)  # concatenated_forward
         policy = batch_logps(all_logits)
-        chosen_logits, rejected_logits = all_logits.split(micro)   # returned for the metrics
+        chosen_logits, rejected_logits = all_logits.split(micro)  # returned for the metrics
         with torch.no_grad():
             reference = batch_logps((ref_hidden @ weight.t()).to(torch.float32))
         loss = -torch.nn.functional.logsigmoid(policy - reference).mean()
-        del all_logits, chosen_logits, rejected_logits   # get_batch_loss_metrics returns
+        del all_logits, chosen_logits, rejected_logits  # get_batch_loss_metrics returns
         loss.backward()
 
     peak, _, _ = tracked_peak(step, hidden, weight, ref_hidden, labels)
     measured = peak - hidden.nbytes - weight.nbytes - ref_hidden.nbytes - labels.nbytes
     tokens = rows * seq
     predicted = losses.policy_held_bytes("hf", _spec(), 2, tokens) + losses.reference_loss_bytes(
-        "hf", _spec(), 2, tokens)
+        "hf", _spec(), 2, tokens
+    )
     print(f"full-logits dpo reference phase: measured {measured:,} predicted {predicted:,}")
     assert measured == pytest.approx(predicted, rel=0.03)
     # and it is the larger of the loss path's two moments: backward alone holds 12 B x V per token
@@ -190,14 +191,22 @@ def test_dpo_reference_phase_counts_the_policy_graph():
     loss-path tensors on top of the reference's own forward."""
     from zerofit.memory.estimate import TrainSetup, estimate_memory
 
-    setup = TrainSetup(stage=3, world_size=8, micro_batch=1, seq_len=4096, workload="dpo",
-                       stack="hf", gradient_checkpointing=True)
+    setup = TrainSetup(
+        stage=3,
+        world_size=8,
+        micro_batch=1,
+        seq_len=4096,
+        workload="dpo",
+        stack="hf",
+        gradient_checkpointing=True,
+    )
     est = estimate_memory(QWEN25_7B, setup)
     tokens = 2 * 4096
     assert est.phase == "reference"
     assert est.breakdown["policy_logits"] == losses.policy_held_bytes("hf", QWEN25_7B, 2, tokens)
     assert est.breakdown["policy_activations"] == act.stored_activation_bytes(
-        QWEN25_7B, 2, tokens, 2, 4096, "sdpa", True)
+        QWEN25_7B, 2, tokens, 2, 4096, "sdpa", True
+    )
 
 
 def test_grpo_scores_completions_except_on_deepspeeds_own_loop():
@@ -210,11 +219,22 @@ def test_grpo_scores_completions_except_on_deepspeeds_own_loop():
     from zerofit.memory.estimate import TrainSetup, estimate_memory
 
     def peak(stack):
-        return estimate_memory(QWEN25_7B, TrainSetup(
-            stage=3, world_size=8, workload="grpo", seq_len=2048, completion_len=512,
-            micro_batch=4, stack=stack, gradient_checkpointing=True)).phases["forward"]
+        return estimate_memory(
+            QWEN25_7B,
+            TrainSetup(
+                stage=3,
+                world_size=8,
+                workload="grpo",
+                seq_len=2048,
+                completion_len=512,
+                micro_batch=4,
+                stack=stack,
+                gradient_checkpointing=True,
+            ),
+        ).phases["forward"]
 
     extra = peak("deepspeed") - peak("hf")
     whole, completions = 4 * 2048, 4 * 512
     assert extra == losses.train_loss_bytes("hf", QWEN25_7B, 2, whole) - losses.train_loss_bytes(
-        "hf", QWEN25_7B, 2, completions)
+        "hf", QWEN25_7B, 2, completions
+    )

@@ -2,6 +2,7 @@
 
 Run: .venv/bin/python -m pytest tests/models/test_resolve.py -q   (no network: the hub download is faked)
 """
+
 from __future__ import annotations
 
 import json
@@ -14,8 +15,17 @@ import pytest
 
 from zerofit.models import resolve as models
 from zerofit.errors import ZerofitError
-from zerofit.models.resolve import (BUILTIN_MODELS, builtin_config, cache_path, count_params, count_params_analytic,
-                            count_params_meta, model_names, resolve_model, spec_from_config)
+from zerofit.models.resolve import (
+    BUILTIN_MODELS,
+    builtin_config,
+    cache_path,
+    count_params,
+    count_params_analytic,
+    count_params_meta,
+    model_names,
+    resolve_model,
+    spec_from_config,
+)
 
 
 @pytest.fixture(autouse=True)
@@ -55,30 +65,70 @@ def test_builtin_counts_match_published(name, params, active):
 
 def test_builtin_shapes():
     small = BUILTIN_MODELS["qwen2.5-0.5b"]
-    assert (small.hidden_size, small.intermediate_size, small.num_layers, small.num_heads, small.num_kv_heads,
-            small.head_dim, small.vocab_size, small.tie_embeddings) == (896, 4864, 24, 14, 2, 64, 151936, True)
-    assert (BUILTIN_MODELS["qwen2.5-7b"].vocab_size, BUILTIN_MODELS["qwen2.5-7b"].tie_embeddings) == (152064, False)
+    assert (
+        small.hidden_size,
+        small.intermediate_size,
+        small.num_layers,
+        small.num_heads,
+        small.num_kv_heads,
+        small.head_dim,
+        small.vocab_size,
+        small.tie_embeddings,
+    ) == (896, 4864, 24, 14, 2, 64, 151936, True)
+    assert (
+        BUILTIN_MODELS["qwen2.5-7b"].vocab_size,
+        BUILTIN_MODELS["qwen2.5-7b"].tie_embeddings,
+    ) == (152064, False)
     moe = BUILTIN_MODELS["qwen3-30b-a3b"]
-    assert (moe.architecture, moe.num_layers, moe.num_experts, moe.experts_per_token, moe.moe_intermediate_size,
-            moe.head_dim, moe.num_heads, moe.num_kv_heads) == ("qwen3_moe", 48, 128, 8, 768, 128, 32, 4)
-    assert round(moe.params / 1e9, 1) == 30.5 and round(moe.active_params / 1e9, 1) == 3.4  # card: 3.3B
+    assert (
+        moe.architecture,
+        moe.num_layers,
+        moe.num_experts,
+        moe.experts_per_token,
+        moe.moe_intermediate_size,
+        moe.head_dim,
+        moe.num_heads,
+        moe.num_kv_heads,
+    ) == ("qwen3_moe", 48, 128, 8, 768, 128, 32, 4)
+    assert (
+        round(moe.params / 1e9, 1) == 30.5 and round(moe.active_params / 1e9, 1) == 3.4
+    )  # card: 3.3B
     # Qwen's cards also give "non-embedding" counts: total minus embedding and lm_head.
     assert round((BUILTIN_MODELS["qwen3-8b"].params - 2 * 151936 * 4096) / 1e9, 2) == 6.95
     assert round((small.params - 151936 * 896) / 1e9, 2) == 0.36  # tied: one matrix
     assert all(n == n.lower() and BUILTIN_MODELS[n].name == n for n in model_names())
-    assert {"qwen2.5-0.5b", "qwen2.5-32b", "llama-3.1-70b", "mistral-7b-v0.3", "qwen3-30b-a3b"} <= set(model_names())
+    assert {
+        "qwen2.5-0.5b",
+        "qwen2.5-32b",
+        "llama-3.1-70b",
+        "mistral-7b-v0.3",
+        "qwen3-30b-a3b",
+    } <= set(model_names())
 
 
 def _tiny(model_type, **extra):
-    base = {"model_type": model_type, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
-            "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 128}
+    base = {
+        "model_type": model_type,
+        "hidden_size": 64,
+        "intermediate_size": 96,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "vocab_size": 128,
+    }
     return {**base, **extra}
 
 
 def _minimal(model_type):
     """Only the required fields: every optional one takes transformers' default."""
-    return {"model_type": model_type, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
-            "num_attention_heads": 4, "vocab_size": 128}
+    return {
+        "model_type": model_type,
+        "hidden_size": 64,
+        "intermediate_size": 96,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "vocab_size": 128,
+    }
 
 
 TINY = {
@@ -96,8 +146,17 @@ TINY = {
     "mistral-minimal": _minimal("mistral"),
     "mixtral": _tiny("mixtral", num_local_experts=4, num_experts_per_tok=2),
     "mixtral-minimal": _minimal("mixtral"),
-    "qwen3_moe": _tiny("qwen3_moe", num_hidden_layers=4, head_dim=16, num_experts=6, num_experts_per_tok=2,
-                       moe_intermediate_size=24, decoder_sparse_step=2, mlp_only_layers=[3], attention_bias=True),
+    "qwen3_moe": _tiny(
+        "qwen3_moe",
+        num_hidden_layers=4,
+        head_dim=16,
+        num_experts=6,
+        num_experts_per_tok=2,
+        moe_intermediate_size=24,
+        decoder_sparse_step=2,
+        mlp_only_layers=[3],
+        attention_bias=True,
+    ),
     "qwen3_moe-minimal": _minimal("qwen3_moe"),
 }
 
@@ -169,46 +228,67 @@ def test_resolve_hub_id_fetches_only_config_json(monkeypatch, tmp_path):
 
     def fake_download(repo_id, filename, **kwargs):
         calls.append((repo_id, filename, kwargs))
-        if kwargs.get("local_files_only"):   # not in the hub cache yet
+        if kwargs.get("local_files_only"):  # not in the hub cache yet
             from huggingface_hub import errors
+
             raise errors.LocalEntryNotFoundError("not cached")
         return str(config)
 
     monkeypatch.setattr("huggingface_hub.hf_hub_download", fake_download)
     spec = resolve_model("someorg/Tiny-Mistral")
-    assert calls == [("someorg/Tiny-Mistral", "config.json", {"local_files_only": True}),
-                     ("someorg/Tiny-Mistral", "config.json", {})]
-    assert (spec.name, spec.architecture, spec.vocab_size) == ("someorg/Tiny-Mistral", "mistral", 1000)
+    assert calls == [
+        ("someorg/Tiny-Mistral", "config.json", {"local_files_only": True}),
+        ("someorg/Tiny-Mistral", "config.json", {}),
+    ]
+    assert (spec.name, spec.architecture, spec.vocab_size) == (
+        "someorg/Tiny-Mistral",
+        "mistral",
+        1000,
+    )
     assert spec.params == count_params_meta(_tiny("mistral", vocab_size=1000))["params"]
     config.write_text(json.dumps({"model_type": "llama", "num_hidden_layers": 2}))
-    with pytest.raises(ZerofitError, match='config.json of someorg/Tiny-Mistral has no "hidden_size"'):
+    with pytest.raises(
+        ZerofitError, match='config.json of someorg/Tiny-Mistral has no "hidden_size"'
+    ):
         resolve_model("someorg/Tiny-Mistral")
 
 
 def _raising(err):
     def download(repo_id, filename, **kwargs):
         raise err
+
     return download
 
 
-@pytest.mark.parametrize("ref,err,expected", [
-    ("someorg/x", "offline", "cannot fetch config.json of someorg/x: offline and not cached"),
-    ("qwen2.5-0.5", "missing", "did you mean qwen2.5-0.5b"),
-    ("someorg/gated", "gated", "someorg/gated is gated on the Hugging Face Hub"),
-    ("someorg/x", "network",
-     "cannot reach the Hugging Face Hub for someorg/x (connection refused)"),
-])
+@pytest.mark.parametrize(
+    "ref,err,expected",
+    [
+        ("someorg/x", "offline", "cannot fetch config.json of someorg/x: offline and not cached"),
+        ("qwen2.5-0.5", "missing", "did you mean qwen2.5-0.5b"),
+        ("someorg/gated", "gated", "someorg/gated is gated on the Hugging Face Hub"),
+        (
+            "someorg/x",
+            "network",
+            "cannot reach the Hugging Face Hub for someorg/x (connection refused)",
+        ),
+    ],
+)
 def test_hub_failures_are_one_line(monkeypatch, ref, err, expected):
     from huggingface_hub import errors
+
     response = mock.Mock(headers={}, status_code=404)
-    exc = {"offline": errors.LocalEntryNotFoundError("not in cache"),
-           "missing": errors.RepositoryNotFoundError("404", response=response),
-           "gated": errors.GatedRepoError("401", response=response),
-           "network": ConnectionError("connection refused\nmore detail")}[err]
+    exc = {
+        "offline": errors.LocalEntryNotFoundError("not in cache"),
+        "missing": errors.RepositoryNotFoundError("404", response=response),
+        "gated": errors.GatedRepoError("401", response=response),
+        "network": ConnectionError("connection refused\nmore detail"),
+    }[err]
     monkeypatch.setattr("huggingface_hub.hf_hub_download", _raising(exc))
     with pytest.raises(ZerofitError) as info:
         resolve_model(ref)
-    assert info.value.field == "model" and expected in str(info.value) and "\n" not in str(info.value)
+    assert (
+        info.value.field == "model" and expected in str(info.value) and "\n" not in str(info.value)
+    )
 
 
 def test_invalid_hub_id_is_rejected_before_download(monkeypatch):
@@ -217,8 +297,16 @@ def test_invalid_hub_id_is_rejected_before_download(monkeypatch):
         resolve_model("bad--id..")
 
 
-GPT2 = {"model_type": "gpt2", "n_embd": 32, "n_layer": 2, "n_head": 4, "vocab_size": 64, "n_positions": 64,
-        "bos_token_id": 0, "eos_token_id": 0}
+GPT2 = {
+    "model_type": "gpt2",
+    "n_embd": 32,
+    "n_layer": 2,
+    "n_head": 4,
+    "vocab_size": 64,
+    "n_positions": 64,
+    "bos_token_id": 0,
+    "eos_token_id": 0,
+}
 
 
 def test_meta_count_is_cached_on_disk(monkeypatch, tmp_path):
@@ -230,9 +318,13 @@ def test_meta_count_is_cached_on_disk(monkeypatch, tmp_path):
     assert cache_path() == tmp_path / "xdg" / "zerofit" / "params.json"
     stored = json.loads(cache_path().read_text())
     assert list(stored.values()) == [first]
-    monkeypatch.setattr(models, "count_params_meta", mock.Mock(side_effect=AssertionError("cache missed")))
+    monkeypatch.setattr(
+        models, "count_params_meta", mock.Mock(side_effect=AssertionError("cache missed"))
+    )
     # Bookkeeping keys do not change the key, so another copy of the same config hits the cache.
-    assert count_params({**GPT2, "_name_or_path": "elsewhere", "transformers_version": "0"}) == first
+    assert (
+        count_params({**GPT2, "_name_or_path": "elsewhere", "transformers_version": "0"}) == first
+    )
     assert spec_from_config(GPT2, "tiny-gpt2").params == first["params"]
 
 
@@ -247,16 +339,31 @@ def test_broken_or_unwritable_cache_only_costs_time(monkeypatch, tmp_path):
     assert count_params(GPT2)["params"] > 0
 
 
-@pytest.mark.parametrize("content,expected", [
-    ("{\"model_type\": \"llama\",", "is not valid JSON"),
-    ("[1, 2]", "is not a JSON object"),
-    (json.dumps({k: v for k, v in _tiny("llama").items() if k != "hidden_size"}), 'has no "hidden_size"'),
-    (json.dumps(_tiny("qwen2", num_hidden_layers="24")), '"num_hidden_layers" is \'24\', not a positive integer'),
-    (json.dumps(_tiny("mixtral", num_local_experts=0)), '"num_local_experts" is 0'),
-    (json.dumps({"hidden_size": 64}), 'has no "model_type"'),
-    (json.dumps({"model_type": "no_such_arch", "hidden_size": 64}), "architecture 'no_such_arch' is unknown"),
-    (json.dumps({"model_type": "custom_x", "auto_map": {"AutoConfig": "x.Y"}}), "trust_remote_code"),
-])
+@pytest.mark.parametrize(
+    "content,expected",
+    [
+        ("{\"model_type\": \"llama\",", "is not valid JSON"),
+        ("[1, 2]", "is not a JSON object"),
+        (
+            json.dumps({k: v for k, v in _tiny("llama").items() if k != "hidden_size"}),
+            'has no "hidden_size"',
+        ),
+        (
+            json.dumps(_tiny("qwen2", num_hidden_layers="24")),
+            '"num_hidden_layers" is \'24\', not a positive integer',
+        ),
+        (json.dumps(_tiny("mixtral", num_local_experts=0)), '"num_local_experts" is 0'),
+        (json.dumps({"hidden_size": 64}), 'has no "model_type"'),
+        (
+            json.dumps({"model_type": "no_such_arch", "hidden_size": 64}),
+            "architecture 'no_such_arch' is unknown",
+        ),
+        (
+            json.dumps({"model_type": "custom_x", "auto_map": {"AutoConfig": "x.Y"}}),
+            "trust_remote_code",
+        ),
+    ],
+)
 def test_bad_config_files_give_one_line_errors(tmp_path, content, expected):
     path = tmp_path / "config.json"
     path.write_text(content)
@@ -266,11 +373,14 @@ def test_bad_config_files_give_one_line_errors(tmp_path, content, expected):
     assert info.value.field == "model" and expected in text and "\n" not in text and "fix:" in text
 
 
-@pytest.mark.parametrize("ref,expected", [
-    ("./missing/config.json", "no such file or directory: ./missing/config.json"),
-    ("models/qwen/7b", "no such file or directory"),
-    ("", "no model given"),
-])
+@pytest.mark.parametrize(
+    "ref,expected",
+    [
+        ("./missing/config.json", "no such file or directory: ./missing/config.json"),
+        ("models/qwen/7b", "no such file or directory"),
+        ("", "no model given"),
+    ],
+)
 def test_missing_paths(monkeypatch, ref, expected):
     monkeypatch.setattr("huggingface_hub.hf_hub_download", _no_download)
     with pytest.raises(ZerofitError, match=expected):
@@ -292,16 +402,25 @@ def test_builtin_config_is_a_copy():
 
 def test_import_stays_light():
     """The CLI imports this module for completions: no torch, transformers or huggingface_hub."""
-    code = ("import sys, zerofit.models; "
-            "print(sorted(m for m in ('torch', 'transformers', 'huggingface_hub') if m in sys.modules))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         cwd=Path(__file__).resolve().parents[2])
+    code = (
+        "import sys, zerofit.models; "
+        "print(sorted(m for m in ('torch', 'transformers', 'huggingface_hub') if m in sys.modules))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=Path(__file__).resolve().parents[2],
+    )
     assert out.stdout.strip() == "[]"
 
 
 def test_typo_of_builtin_fails_fast_without_hub(monkeypatch):
     # A near-miss of a built-in name must never reach the hub client (5 network retries online).
-    monkeypatch.setattr("zerofit.models.resolve._download_config", lambda ref: pytest.fail("hub contacted"))
+    monkeypatch.setattr(
+        "zerofit.models.resolve._download_config", lambda ref: pytest.fail("hub contacted")
+    )
     with pytest.raises(ZerofitError, match="did you mean qwen2.5-7b"):
         resolve_model("qwen2.5-77b")
 

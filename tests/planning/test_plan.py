@@ -2,6 +2,7 @@
 
 Run: .venv/bin/python -m pytest tests/planning/test_plan.py -q   (~2 s)
 """
+
 from __future__ import annotations
 
 import pytest
@@ -15,7 +16,11 @@ from zerofit.planning.plan import plan
 def test_small_model_one_h100_picks_low_stage_without_offload():
     p = plan(Answers(gpu="H100-SXM", seq_len=2048), model=QWEN25_05B)
     assert p.fits and p.stage <= 2
-    assert (p.offload_optimizer, p.offload_param, p.gradient_checkpointing) == ("none", "none", False)
+    assert (p.offload_optimizer, p.offload_param, p.gradient_checkpointing) == (
+        "none",
+        "none",
+        False,
+    )
     assert p.peak_gib + 0.5 <= 79.6 * 0.9
     reasons = {d.field: d.reason for d in p.decisions}
     assert "GiB" in reasons["stage"] and reasons["precision"].startswith("bf16")
@@ -24,9 +29,12 @@ def test_small_model_one_h100_picks_low_stage_without_offload():
 
 
 def test_70b_on_8_a100_needs_stage3():
-    p = plan(Answers(gpu="A100-80GB", gpus_per_node=8, seq_len=2048, global_batch=64,
-                     host_ram_gib=2048.0),
-             model=LLAMA31_70B)
+    p = plan(
+        Answers(
+            gpu="A100-80GB", gpus_per_node=8, seq_len=2048, global_batch=64, host_ram_gib=2048.0
+        ),
+        model=LLAMA31_70B,
+    )
     assert p.fits and p.stage == 3
     # model states alone: 16 B x 70.6B / 8 = 131 GiB > 71 GiB, so the optimizer goes to CPU
     assert p.offload_optimizer == "cpu" and p.cpu_gib > 1000
@@ -43,15 +51,37 @@ def test_72b_on_one_a10_does_not_fit_and_suggests():
 
 
 def test_overrides_are_honoured():
-    a = Answers(gpu="H100-SXM", gpus_per_node=8, stage=3, gradient_checkpointing=True, micro_batch=2,
-                global_batch=64, offload_optimizer="none")
+    a = Answers(
+        gpu="H100-SXM",
+        gpus_per_node=8,
+        stage=3,
+        gradient_checkpointing=True,
+        micro_batch=2,
+        global_batch=64,
+        offload_optimizer="none",
+    )
     p = plan(a, model=QWEN25_7B)
-    assert (p.stage, p.gradient_checkpointing, p.micro_batch, p.offload_optimizer) == (3, True, 2, "none")
-    assert p.grad_accum == 4 and all("set by you" in d.reason for d in p.decisions
-                                     if d.field in ("stage", "gradient_checkpointing", "micro_batch"))
+    assert (p.stage, p.gradient_checkpointing, p.micro_batch, p.offload_optimizer) == (
+        3,
+        True,
+        2,
+        "none",
+    )
+    assert p.grad_accum == 4 and all(
+        "set by you" in d.reason
+        for d in p.decisions
+        if d.field in ("stage", "gradient_checkpointing", "micro_batch")
+    )
     # alternatives still list every stage x offload x checkpointing combination
-    assert len({(x.stage, x.offload_optimizer, x.offload_param, x.gradient_checkpointing)
-                for x in p.alternatives}) == 16
+    assert (
+        len(
+            {
+                (x.stage, x.offload_optimizer, x.offload_param, x.gradient_checkpointing)
+                for x in p.alternatives
+            }
+        )
+        == 16
+    )
 
 
 def test_offload_param_needs_stage3():
@@ -61,7 +91,10 @@ def test_offload_param_needs_stage3():
 
 @pytest.mark.parametrize("world, global_batch", [(1, 7), (8, 64), (16, 48), (4, 4), (8, None)])
 def test_batch_arithmetic_is_consistent(world, global_batch):
-    p = plan(Answers(gpu="H100-SXM", gpus_per_node=world, global_batch=global_batch, seq_len=1024), model=QWEN25_7B)
+    p = plan(
+        Answers(gpu="H100-SXM", gpus_per_node=world, global_batch=global_batch, seq_len=1024),
+        model=QWEN25_7B,
+    )
     assert p.global_batch == p.micro_batch * p.grad_accum * p.world_size
     if global_batch:
         assert p.global_batch == global_batch
@@ -73,8 +106,12 @@ def test_global_batch_not_divisible_by_gpus_is_an_error():
 
 
 def test_grpo_batch_counts_completions():
-    p = plan(Answers(workload="grpo", gpus_per_node=2, seq_len=512, completion_len=256, num_generations=8),
-             model=QWEN25_05B)
+    p = plan(
+        Answers(
+            workload="grpo", gpus_per_node=2, seq_len=512, completion_len=256, num_generations=8
+        ),
+        model=QWEN25_05B,
+    )
     assert p.global_batch % 8 == 0 and p.global_batch % 2 == 0
     assert p.global_batch == p.micro_batch * p.grad_accum * 2
 
@@ -85,8 +122,10 @@ def test_fp16_on_a_gpu_without_bf16():
 
 
 def test_more_memory_pressure_never_lowers_the_stage():
-    stages = [plan(Answers(gpu="H100-SXM", gpus_per_node=8, seq_len=1024, global_batch=64), model=m).stage
-              for m in (QWEN25_05B, QWEN25_7B, LLAMA31_70B)]
+    stages = [
+        plan(Answers(gpu="H100-SXM", gpus_per_node=8, seq_len=1024, global_batch=64), model=m).stage
+        for m in (QWEN25_05B, QWEN25_7B, LLAMA31_70B)
+    ]
     assert stages == sorted(stages)
 
 
@@ -106,13 +145,14 @@ def test_host_ram_is_the_budget_named_when_it_fails():
     reasons = {d.field: d.reason for d in p.decisions}
     assert "fits on the GPU" in reasons["fits"] and "host RAM" in reasons["fits"]
     assert "64.0 GiB" in reasons["fits"]
-    assert " > " not in reasons["gradient_checkpointing"]   # the old "16.1 GiB > 21.2 GiB"
+    assert " > " not in reasons["gradient_checkpointing"]  # the old "16.1 GiB > 21.2 GiB"
     # with enough RAM the same plan fits, and more GPUs in the box come before more nodes
     roomy = plan(Answers(gpu="RTX4090", seq_len=2048, host_ram_gib=512.0), model=QWEN25_7B)
     assert roomy.fits and roomy.failing_budget is None
     # no RAM to offload to: 7B needs ZeRO-3 over 4 A100-40GB, in one box before 4 nodes
-    tips = plan(Answers(gpu="A100-40GB", seq_len=2048, host_ram_gib=1.0),
-                model=QWEN25_7B).suggestions
+    tips = plan(
+        Answers(gpu="A100-40GB", seq_len=2048, host_ram_gib=1.0), model=QWEN25_7B
+    ).suggestions
     gpus = [i for i, t in enumerate(tips) if "GPUs (" in t]
     nodes = [i for i, t in enumerate(tips) if "nodes (" in t]
     assert gpus and (not nodes or gpus[0] < nodes[0])
@@ -120,8 +160,18 @@ def test_host_ram_is_the_budget_named_when_it_fails():
 
 def test_plan_and_estimate_give_one_verdict():
     from zerofit.cli.commands.estimate import build_estimate
-    a = Answers(model="qwen2.5-7b", gpu="RTX4090", seq_len=2048, host_ram_gib=64.0, stage=2,
-                offload_optimizer="cpu", gradient_checkpointing=True, micro_batch=1, global_batch=1)
+
+    a = Answers(
+        model="qwen2.5-7b",
+        gpu="RTX4090",
+        seq_len=2048,
+        host_ram_gib=64.0,
+        stage=2,
+        offload_optimizer="cpu",
+        gradient_checkpointing=True,
+        micro_batch=1,
+        global_batch=1,
+    )
     p = plan(a)
     e = build_estimate(a)
     assert p.fits == e["fits"] is False and e["fits_gpu"] and not e["fits_host"]
@@ -137,8 +187,12 @@ def test_optimizer_block_is_estimated_as_the_optimizer_deepspeed_builds(offload,
     answers = Answers(optimizer_block=True, stack="deepspeed")
     setup = make_setup(answers, "bf16", 2, offload, "none", False, 1, 1)
     assert setup.optimizer_impl == expected
-    assert make_setup(Answers(stack="deepspeed"), "bf16", 2, "none", "none", False, 1,
-                      1).optimizer_impl == "ds_fused_adam"
+    assert (
+        make_setup(
+            Answers(stack="deepspeed"), "bf16", 2, "none", "none", False, 1, 1
+        ).optimizer_impl
+        == "ds_fused_adam"
+    )
 
 
 def test_grpo_group_of_one_is_refused():

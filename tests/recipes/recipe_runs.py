@@ -1,5 +1,6 @@
 """Helpers shared by the recipe tests: load a recipe file as a module, launch it for real under
 `accelerate launch`, SIGKILL it after a checkpoint, reload its final model in a separate process."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -48,33 +49,68 @@ def write_configs(model: Path, root: Path, workload: str, global_batch: int, mic
     configs = {}
     for name, stage in (("zero2", 2), ("zero3", 3), ("ddp", 0)):
         out = root / f"{workload}-{name}"
-        code = main(["config", "--model", str(model), "--gpu", "L4", "--gpus-per-node", "2",
-                     "--workload", workload, "--stage", str(stage), "--global-batch",
-                     str(global_batch), "--micro-batch", str(micro), "--seq-len", "16",
-                     "--precision", "bf16", "--flavour", "explicit", "--out", str(out)])
+        code = main(
+            [
+                "config",
+                "--model",
+                str(model),
+                "--gpu",
+                "L4",
+                "--gpus-per-node",
+                "2",
+                "--workload",
+                workload,
+                "--stage",
+                str(stage),
+                "--global-batch",
+                str(global_batch),
+                "--micro-batch",
+                str(micro),
+                "--seq-len",
+                "16",
+                "--precision",
+                "bf16",
+                "--flavour",
+                "explicit",
+                "--out",
+                str(out),
+            ]
+        )
         assert code == 0
         configs[name] = out / "accelerate.yaml"
     return configs
 
 
 def save_tiny_model(path: Path) -> Path:
-    code = (f"import sys; sys.path.insert(0, {str(RECIPES)!r}); import common\n"
-            "tok = common.build_tiny_tokenizer(); m = common.build_tiny_model(tok, seed=0)\n"
-            f"m.save_pretrained({str(path)!r}); tok.save_pretrained({str(path)!r})")
+    code = (
+        f"import sys; sys.path.insert(0, {str(RECIPES)!r}); import common\n"
+        "tok = common.build_tiny_tokenizer(); m = common.build_tiny_model(tok, seed=0)\n"
+        f"m.save_pretrained({str(path)!r}); tok.save_pretrained({str(path)!r})"
+    )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
     return path
 
 
 def launch(config: Path, recipe: str, out: Path, *flags: str, popen: bool = False):
     """`accelerate launch --config_file CONFIG recipes/RECIPE.py --output-dir OUT FLAGS`."""
-    cmd = [str(BIN / "accelerate"), "launch", "--config_file", str(config),
-           "--main_process_port", str(free_port()), str(RECIPES / f"{recipe}.py"),
-           "--output-dir", str(out), *flags]
+    cmd = [
+        str(BIN / "accelerate"),
+        "launch",
+        "--config_file",
+        str(config),
+        "--main_process_port",
+        str(free_port()),
+        str(RECIPES / f"{recipe}.py"),
+        "--output-dir",
+        str(out),
+        *flags,
+    ]
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
     if popen:  # output to a file: an unread pipe fills up (tqdm) and blocks the run
         log = open(out.parent / f"{out.name}-killed.log", "w")
-        return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                start_new_session=True)  # own group: SIGKILL reaches every rank
+        return subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )  # own group: SIGKILL reaches every rank
     return subprocess.run(cmd, capture_output=True, text=True, timeout=RUN_LIMIT, env=env)
 
 
@@ -102,16 +138,19 @@ def kill_after_checkpoint(proc, out: Path) -> int:
 def reload_in_new_process(final: Path, initial: Path) -> float:
     """Load final/ with from_pretrained (model + tokenizer) in a separate process (reloading on
     rank 0 inside a run hangs the other ranks); returns the largest weight change vs initial."""
-    check = ("from transformers import AutoModelForCausalLM as M, AutoTokenizer as T\n"
-             f"a = M.from_pretrained({str(final)!r}); b = M.from_pretrained({str(initial)!r})\n"
-             f"T.from_pretrained({str(final)!r})\n"
-             "ref = b.state_dict()\n"
-             "d = max((p.float() - ref[n].float()).abs().max().item()\n"
-             "        for n, p in a.state_dict().items())\n"
-             "assert all(p.isfinite().all() for p in a.parameters())\n"
-             "print('DIFF', d)")
-    shown = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True,
-                           timeout=120)
+    check = (
+        "from transformers import AutoModelForCausalLM as M, AutoTokenizer as T\n"
+        f"a = M.from_pretrained({str(final)!r}); b = M.from_pretrained({str(initial)!r})\n"
+        f"T.from_pretrained({str(final)!r})\n"
+        "ref = b.state_dict()\n"
+        "d = max((p.float() - ref[n].float()).abs().max().item()\n"
+        "        for n, p in a.state_dict().items())\n"
+        "assert all(p.isfinite().all() for p in a.parameters())\n"
+        "print('DIFF', d)"
+    )
+    shown = subprocess.run(
+        [sys.executable, "-c", check], capture_output=True, text=True, timeout=120
+    )
     assert shown.returncode == 0, shown.stderr[-2000:]
     return float(shown.stdout.split("DIFF")[1].split()[0])
 

@@ -2,6 +2,7 @@
 
 Run: .venv/bin/python -m pytest tests/recipes/test_common.py -q   (~10 s)
 """
+
 from __future__ import annotations
 
 import doctest
@@ -33,8 +34,10 @@ BAD_FLAGS = [
     (["--num-generations", "1"], "grpo.py: num_generations: 1 leaves a group nothing to compare"),
     (["--per-device-batch-size", "0"], "grpo.py: per_device_batch_size: 0 is too small"),
     (["--max-steps", "-3"], "grpo.py: max_steps: -3 is too small"),
-    (["--gradient-accumulation-steps", "0"],
-     "grpo.py: gradient_accumulation_steps: 0 is too small"),
+    (
+        ["--gradient-accumulation-steps", "0"],
+        "grpo.py: gradient_accumulation_steps: 0 is too small",
+    ),
     (["--max-completion-len", "0"], "grpo.py: max_completion_len: 0 is too small"),
     (["--temperature", "0"], "grpo.py: temperature: 0.0 cannot sample"),
     (["--learning-rate=-1e-3"], "grpo.py: learning_rate: -0.001 must be > 0"),
@@ -42,10 +45,14 @@ BAD_FLAGS = [
     (["--reward-weights", "1,x"], "grpo.py: reward_weights: '1,x' is not a list of numbers"),
     (["--reward-weights", "1"], "grpo.py: reward_weights: 1 weight(s) '1' for 2 reward(s)"),
     (["--rewards", "accuracy,lenght"], "grpo.py: rewards: unknown reward 'lenght'"),
-    (["--gradient-checkpointing", "maybe"],
-     "grpo.py: gradient_checkpointing: 'maybe' from the command line is not a boolean"),
-    (["--max-steps", "2.5"],
-     "grpo.py: max_steps: '2.5' from the command line is not a whole number"),
+    (
+        ["--gradient-checkpointing", "maybe"],
+        "grpo.py: gradient_checkpointing: 'maybe' from the command line is not a boolean",
+    ),
+    (
+        ["--max-steps", "2.5"],
+        "grpo.py: max_steps: '2.5' from the command line is not a whole number",
+    ),
     (["--loss-type", "bnpo"], "grpo.py: loss_type: 'bnpo' is not one of grpo, dapo"),
     (["--config", "missing.yaml"], "grpo.py: config: no such file missing.yaml"),
     (["--resume-from", "latest", "--overwrite", "true"], "grpo.py: overwrite: --overwrite and"),
@@ -91,14 +98,18 @@ def test_output_dir_that_is_a_file(tmp_path, capsys):
     path = tmp_path / "out"
     path.write_text("x")
     err = one_line_error(capsys, lambda: grpo.parse_args(["--output-dir", str(path)]))
-    assert err == (f"grpo.py: output_dir: {path} is a file, not a directory "
-                   "(fix: pass a directory path)")
+    assert err == (
+        f"grpo.py: output_dir: {path} is a file, not a directory " "(fix: pass a directory path)"
+    )
 
 
-@pytest.mark.parametrize("model,start", [
-    ("./no/such/model", "grpo.py: model: no such directory ./no/such/model"),
-    ("not-an-org/not-a-model-zz", "grpo.py: model: cannot load a tokenizer from 'not-an-org/"),
-])
+@pytest.mark.parametrize(
+    "model,start",
+    [
+        ("./no/such/model", "grpo.py: model: no such directory ./no/such/model"),
+        ("not-an-org/not-a-model-zz", "grpo.py: model: cannot load a tokenizer from 'not-an-org/"),
+    ],
+)
 def test_missing_or_garbage_model(model, start, capsys, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     args = grpo.parse_args(["--model", model])
@@ -109,8 +120,9 @@ def test_model_dir_without_config(tmp_path, capsys):
     (tmp_path / "weights.bin").write_text("garbage")
     args = grpo.parse_args(["--model", str(tmp_path)])
     err = one_line_error(capsys, lambda: common.load_tokenizer(args))
-    assert err == (f"grpo.py: model: {tmp_path} has no config.json "
-                   "(fix: pass a saved model directory)")
+    assert err == (
+        f"grpo.py: model: {tmp_path} has no config.json " "(fix: pass a saved model directory)"
+    )
     args = grpo.parse_args(["--model", str(tmp_path / "weights.bin")])
     err = one_line_error(capsys, lambda: common.load_tokenizer(args))
     assert "is a file, not a model directory" in err
@@ -118,15 +130,23 @@ def test_model_dir_without_config(tmp_path, capsys):
 
 def test_deepspeed_integer_wins_and_is_stated(capsys):
     args = grpo.parse_args(["--per-device-batch-size", "16", "--max-grad-norm", "0.5"])
-    cfg = {"train_micro_batch_size_per_gpu": 8, "gradient_accumulation_steps": "auto",
-           "gradient_clipping": "auto"}
+    cfg = {
+        "train_micro_batch_size_per_gpu": 8,
+        "gradient_accumulation_steps": "auto",
+        "gradient_clipping": "auto",
+    }
     common.reconcile_with_deepspeed(args, cfg, None)
     assert args.per_device_batch_size == 8  # the JSON's number wins ...
-    assert cfg == {"train_micro_batch_size_per_gpu": 8, "gradient_accumulation_steps": 1,
-                   "gradient_clipping": 0.5}  # ... and "auto" takes the flag
+    assert cfg == {
+        "train_micro_batch_size_per_gpu": 8,
+        "gradient_accumulation_steps": 1,
+        "gradient_clipping": 0.5,
+    }  # ... and "auto" takes the flag
     err = capsys.readouterr().err
-    assert "note: per_device_batch_size 16 -> 8: the DeepSpeed config's " \
-           "`train_micro_batch_size_per_gpu` wins" in err
+    assert (
+        "note: per_device_batch_size 16 -> 8: the DeepSpeed config's "
+        "`train_micro_batch_size_per_gpu` wins" in err
+    )
 
 
 # ----------------------------------------------------------------------------- data files (13.1)
@@ -146,8 +166,10 @@ def test_row_missing_a_field_names_it(capsys):
     rows = [{"prompt": "a", "answer": "1"}, {"prompt": "b"}]
     err = one_line_error(capsys, lambda: common.check_rows(rows, ("prompt", "answer"), "d.jsonl"))
     assert err.startswith("grpo.py: answer: d.jsonl row 2 has no `answer`")
-    err = one_line_error(capsys, lambda: common.check_rows([{"prompt": 3, "answer": "1"}],
-                                                           ("prompt", "answer"), "d.jsonl"))
+    err = one_line_error(
+        capsys,
+        lambda: common.check_rows([{"prompt": 3, "answer": "1"}], ("prompt", "answer"), "d.jsonl"),
+    )
     assert err.startswith("grpo.py: prompt: d.jsonl row 1: `prompt` is a int, not a string")
 
 
@@ -196,8 +218,9 @@ def test_resume_auto_starts_fresh_or_resumes(tmp_path, capsys):
     path = fake_checkpoint(tmp_path, 4)
     assert common.decide_start(args_for(tmp_path, "--resume-from", "auto")) == path
     assert common.decide_start(args_for(tmp_path, "--resume-from", "latest")) == path
-    err = one_line_error(capsys, lambda: common.decide_start(args_for(tmp_path / "new",
-                                                                      "--resume-from", "latest")))
+    err = one_line_error(
+        capsys, lambda: common.decide_start(args_for(tmp_path / "new", "--resume-from", "latest"))
+    )
     assert err.startswith("grpo.py: resume_from: no complete checkpoint in")
 
 
@@ -227,8 +250,10 @@ def test_rotation_keeps_newest(tmp_path):
     for step in (2, 4, 6, 8):
         fake_checkpoint(tmp_path, step)
     common.rotate_checkpoints(str(tmp_path), keep=2)
-    assert sorted(n for n in os.listdir(tmp_path) if n.startswith("checkpoint")) == \
-        ["checkpoint-6", "checkpoint-8"]
+    assert sorted(n for n in os.listdir(tmp_path) if n.startswith("checkpoint")) == [
+        "checkpoint-6",
+        "checkpoint-8",
+    ]
 
 
 def test_torn_metrics_line_is_dropped(tmp_path):
@@ -254,14 +279,22 @@ def test_common_doctests():
 
 def test_recipes_import_without_zerofit(tmp_path):
     """A recipe needs torch + accelerate + transformers, not the zerofit package."""
-    code = ("import sys, builtins\nreal = builtins.__import__\n"
-            "def guard(name, *a, **k):\n"
-            "    assert not name.startswith('zerofit'), name\n"
-            "    return real(name, *a, **k)\n"
-            "builtins.__import__ = guard\n"
-            f"sys.path.insert(0, {str(RECIPES)!r})\n"
-            "import sft, dpo, grpo\nprint('ok')")
+    code = (
+        "import sys, builtins\nreal = builtins.__import__\n"
+        "def guard(name, *a, **k):\n"
+        "    assert not name.startswith('zerofit'), name\n"
+        "    return real(name, *a, **k)\n"
+        "builtins.__import__ = guard\n"
+        f"sys.path.insert(0, {str(RECIPES)!r})\n"
+        "import sft, dpo, grpo\nprint('ok')"
+    )
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                         env=env, cwd=tmp_path)
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        cwd=tmp_path,
+    )
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]

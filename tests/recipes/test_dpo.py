@@ -3,6 +3,7 @@ hand-computed numbers, sequence log-probs, the concatenated batch and data-forma
 
 Run: .venv/bin/python -m pytest tests/recipes/test_dpo.py -q   (~10 s)
 """
+
 from __future__ import annotations
 
 import math
@@ -20,8 +21,9 @@ def test_sigmoid_loss_rewards_and_margin_by_hand():
     # pair 1: policy moved the wrong way: (-3 - -2) - (-1 - -1) = -1 -> beta x -1 = -0.1
     policy_chosen, policy_rejected = torch.tensor([-1.0, -3.0]), torch.tensor([-5.0, -1.0])
     ref_chosen, ref_rejected = torch.tensor([-2.0, -2.0]), torch.tensor([-4.0, -1.0])
-    loss, chosen, rejected = dpo.dpo_loss(policy_chosen, policy_rejected, ref_chosen, ref_rejected,
-                                          beta=0.1)
+    loss, chosen, rejected = dpo.dpo_loss(
+        policy_chosen, policy_rejected, ref_chosen, ref_rejected, beta=0.1
+    )
     # -log sigmoid(z) = log(1 + exp(-z))
     by_hand = (math.log1p(math.exp(-0.2)) + math.log1p(math.exp(0.1))) / 2
     assert loss.item() == pytest.approx(by_hand)
@@ -68,8 +70,9 @@ def test_concatenated_batch_and_sequence_logprobs():
 def test_bad_rows_name_the_field(capsys):
     dpo.parse_args([])
     with pytest.raises(SystemExit):
-        dpo.common.check_rows([{"prompt": "a", "chosen": "b"}], ("prompt", "chosen", "rejected"),
-                              "p.jsonl")
+        dpo.common.check_rows(
+            [{"prompt": "a", "chosen": "b"}], ("prompt", "chosen", "rejected"), "p.jsonl"
+        )
     err = capsys.readouterr().err.strip()
     assert err.startswith("dpo.py: rejected: p.jsonl row 1 has no `rejected`")
 

@@ -8,6 +8,7 @@ Each run's final model loads with from_pretrained in a separate process and diff
 
 Run: .venv/bin/python -m pytest tests/recipes/test_dpo_run.py -q   (serial; 4 launches)
 """
+
 from __future__ import annotations
 
 import json
@@ -15,8 +16,16 @@ import math
 
 import pytest
 
-from recipe_runs import (failure_text, kill_after_checkpoint, launch, load_recipe, read_metrics,
-                         reload_in_new_process, save_tiny_model, write_configs)
+from recipe_runs import (
+    failure_text,
+    kill_after_checkpoint,
+    launch,
+    load_recipe,
+    read_metrics,
+    reload_in_new_process,
+    save_tiny_model,
+    write_configs,
+)
 
 pytestmark = pytest.mark.distributed
 METRICS = {"loss", "reward_chosen", "reward_rejected", "reward_margin", "reward_accuracy", "tok_s"}
@@ -46,11 +55,24 @@ def check_finished_run(out, steps: int, tiny) -> list[dict]:
 
 def test_zero3_sharded_reference(tiny, tmp_path):
     out = tmp_path / "run"
-    res = launch(tiny["zero3"], "dpo", out, "--model", str(tiny["model"]), "--dataset",
-                 str(tiny["root"] / "pairs.jsonl"), "--max-steps", "4", "--save-every", "0")
+    res = launch(
+        tiny["zero3"],
+        "dpo",
+        out,
+        "--model",
+        str(tiny["model"]),
+        "--dataset",
+        str(tiny["root"] / "pairs.jsonl"),
+        "--max-steps",
+        "4",
+        "--save-every",
+        "0",
+    )
     assert res.returncode == 0, failure_text(res)
-    assert "dpo: 2 process(es), ZeRO stage 3, 100 pairs, 8 per step, reference a frozen model" \
+    assert (
+        "dpo: 2 process(es), ZeRO stage 3, 100 pairs, 8 per step, reference a frozen model"
         in res.stdout + res.stderr
+    )
     check_finished_run(out, 4, tiny)
 
 

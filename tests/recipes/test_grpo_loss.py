@@ -2,6 +2,7 @@
 
 Run: .venv/bin/python -m pytest tests/recipes/test_grpo_loss.py -q   (~5 s)
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -39,7 +40,9 @@ def test_group_advantages_scaled_by_group_std():
 
 
 def test_group_advantages_unscaled_and_larger_groups():
-    adv = grpo.group_advantages(torch.tensor([1.0, 2.0, 3.0, 6.0, 0.0, 0.0]), num_generations=3, scale=False)
+    adv = grpo.group_advantages(
+        torch.tensor([1.0, 2.0, 3.0, 6.0, 0.0, 0.0]), num_generations=3, scale=False
+    )
     assert adv.tolist() == pytest.approx([-1.0, 0.0, 1.0, 4.0, -2.0, -2.0])
 
 
@@ -53,7 +56,9 @@ ADV = torch.tensor([1.0, -1.0])
 
 def loss_of(**kw):
     logp = RATIOS.log().requires_grad_(True)
-    loss, stats = grpo.grpo_loss(logp, torch.zeros(2, 2), ADV, MASK, eps_low=0.2, eps_high=0.2, **kw)
+    loss, stats = grpo.grpo_loss(
+        logp, torch.zeros(2, 2), ADV, MASK, eps_low=0.2, eps_high=0.2, **kw
+    )
     loss.backward()
     return loss.item(), stats, logp.grad
 
@@ -70,7 +75,9 @@ def test_grpo_loss_per_sequence_with_clipping():
 def test_dapo_loss_per_token():
     loss, _, _ = loss_of(loss_type="dapo")
     assert loss == pytest.approx((-1.2 - 0.5 + 0.8) / 3)  # -0.3
-    loss, _, _ = loss_of(loss_type="dapo", num_tokens=6)  # normaliser given by the caller (whole rollout)
+    loss, _, _ = loss_of(
+        loss_type="dapo", num_tokens=6
+    )  # normaliser given by the caller (whole rollout)
     assert loss == pytest.approx(-0.9 / 6)
 
 
@@ -92,7 +99,9 @@ def test_ratio_one_gives_minus_mean_advantage():
 
 def test_unknown_loss_type_raises():
     with pytest.raises(ValueError, match="grpo or dapo"):
-        grpo.grpo_loss(torch.zeros(1, 1), torch.zeros(1, 1), torch.ones(1), torch.ones(1, 1), loss_type="bnpo")
+        grpo.grpo_loss(
+            torch.zeros(1, 1), torch.zeros(1, 1), torch.ones(1), torch.ones(1, 1), loss_type="bnpo"
+        )
 
 
 def test_token_logprobs_matches_log_softmax():
@@ -111,4 +120,8 @@ def test_token_logprobs_matches_log_softmax():
 
 def test_completion_mask_includes_first_eos_only():
     comp = torch.tensor([[5, 1, 0, 0], [5, 6, 7, 8], [1, 0, 0, 0]])
-    assert grpo.completion_mask(comp, eos_id=1).tolist() == [[1, 1, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0]]
+    assert grpo.completion_mask(comp, eos_id=1).tolist() == [
+        [1, 1, 0, 0],
+        [1, 1, 1, 1],
+        [1, 0, 0, 0],
+    ]

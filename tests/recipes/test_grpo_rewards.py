@@ -2,6 +2,7 @@
 
 Run: .venv/bin/python -m pytest tests/recipes/test_grpo_rewards.py -q   (~15 s; one subprocess)
 """
+
 from __future__ import annotations
 
 import doctest
@@ -60,7 +61,9 @@ def test_format_reward_table(completion, finished, reward):
 
 
 def test_rewards_ignore_extra_columns_and_registry():
-    assert grpo.accuracy_reward(["p"], ["3"], answer=["3"], finished=[True], level=["easy"]) == [1.0]
+    assert grpo.accuracy_reward(["p"], ["3"], answer=["3"], finished=[True], level=["easy"]) == [
+        1.0
+    ]
     assert set(grpo.REWARDS) == {"accuracy", "format"}
 
 
@@ -78,21 +81,31 @@ def test_prompt_indices_deterministic_and_epoch_complete():
     first = grpo.prompt_indices(0, 10, 5, seed=3) + grpo.prompt_indices(1, 10, 5, seed=3)
     assert sorted(first) == list(range(10))  # one epoch = every row once
     assert grpo.prompt_indices(1, 10, 5, seed=3) == grpo.prompt_indices(1, 10, 5, seed=3)
-    assert grpo.prompt_indices(2, 10, 5, seed=3) != grpo.prompt_indices(0, 10, 5, seed=3)  # reshuffled
+    assert grpo.prompt_indices(2, 10, 5, seed=3) != grpo.prompt_indices(
+        0, 10, 5, seed=3
+    )  # reshuffled
 
 
 def test_tiny_tokenizer_round_trip():
     tok = grpo.build_tiny_tokenizer()
     ids = tok("12+5=")["input_ids"]
     assert len(ids) == 5 and tok.decode(ids) == "12+5="
-    assert tok.decode(ids + [tok.eos_token_id, tok.pad_token_id], skip_special_tokens=True) == "12+5="
+    assert (
+        tok.decode(ids + [tok.eos_token_id, tok.pad_token_id], skip_special_tokens=True) == "12+5="
+    )
 
 
 def test_parse_args_config_then_flags(tmp_path):
     cfg = tmp_path / "r.yaml"
     cfg.write_text("max_steps: 7\nbeta: 0.05\nloss_type: dapo\nscale_rewards: false\n")
     args = grpo.parse_args(["--config", str(cfg), "--max-steps", "9", "--resume_from", "latest"])
-    assert (args.max_steps, args.beta, args.loss_type, args.scale_rewards, args.resume_from) == (9, 0.05, "dapo", False, "latest")
+    assert (args.max_steps, args.beta, args.loss_type, args.scale_rewards, args.resume_from) == (
+        9,
+        0.05,
+        "dapo",
+        False,
+        "latest",
+    )
     assert grpo.parse_args([]).num_generations == 8
 
 
@@ -102,18 +115,31 @@ def test_parse_args_unknown_config_key(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         grpo.parse_args(["--config", str(cfg)])
     assert e.value.code == 2
-    assert capsys.readouterr().err.strip() == (f"grpo.py: config: unknown keys ['max_step'] in {cfg} "
-                                               "(fix: use the names in `--help`)")
+    assert capsys.readouterr().err.strip() == (
+        f"grpo.py: config: unknown keys ['max_step'] in {cfg} " "(fix: use the names in `--help`)"
+    )
 
 
 def test_bad_batch_arithmetic_is_one_line(tmp_path):
-    out = subprocess.run([sys.executable, str(RECIPE), "--per-device-batch-size", "3", "--output-dir", str(tmp_path)],
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(RECIPE),
+            "--per-device-batch-size",
+            "3",
+            "--output-dir",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 2
     assert out.stderr.strip().splitlines()[-1] == (
         "grpo.py: num_generations: per_device_batch_size 3 x processes 1 x gradient_accumulation_steps 1 = 3 "
         "completions per step is not divisible by num_generations 8 "
-        "(fix: change one of them so the product is a multiple of num_generations)")
+        "(fix: change one of them so the product is a multiple of num_generations)"
+    )
     assert "Traceback" not in out.stderr
     assert not (tmp_path / "metrics.jsonl").exists()
 
@@ -121,7 +147,11 @@ def test_bad_batch_arithmetic_is_one_line(tmp_path):
 def test_bad_dataset_columns(tmp_path):
     data = tmp_path / "d.jsonl"
     data.write_text('{"question": "1+1=", "answer": "2"}\n')
-    out = subprocess.run([sys.executable, str(RECIPE), "--dataset", str(data), "--output-dir", str(tmp_path)],
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, str(RECIPE), "--dataset", str(data), "--output-dir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 2 and "needs rows with `prompt` and `answer`" in out.stderr
     assert "Traceback" not in out.stderr

@@ -8,6 +8,7 @@
 
 Run: .venv/bin/python -m pytest tests/recipes/test_grpo_run.py -q   (serial; ~60-90 s warm on 2 cores)
 """
+
 from __future__ import annotations
 
 import json
@@ -37,45 +38,107 @@ def free_port() -> int:
 
 def read_metrics(out: Path) -> list[dict]:
     path = out / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    return (
+        [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        if path.exists()
+        else []
+    )
 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory) -> dict:
     """A saved tiny model dir, the toy task as JSONL, and ZeRO-2/ZeRO-3 configs from `zerofit config`."""
     root = tmp_path_factory.mktemp("grpo")
-    code = (f"import sys, json; sys.path.insert(0, {str(RECIPE.parent)!r}); import grpo\n"
-            "tok = grpo.build_tiny_tokenizer(); m = grpo.build_tiny_model(tok, seed=0)\n"
-            f"m.save_pretrained({str(root / 'model')!r}); tok.save_pretrained({str(root / 'model')!r})\n"
-            f"open({str(root / 'toy.jsonl')!r}, 'w').write(''.join(json.dumps(r) + '\\n' for r in grpo.toy_rows()))\n")
+    code = (
+        f"import sys, json; sys.path.insert(0, {str(RECIPE.parent)!r}); import grpo\n"
+        "tok = grpo.build_tiny_tokenizer(); m = grpo.build_tiny_model(tok, seed=0)\n"
+        f"m.save_pretrained({str(root / 'model')!r}); tok.save_pretrained({str(root / 'model')!r})\n"
+        f"open({str(root / 'toy.jsonl')!r}, 'w').write(''.join(json.dumps(r) + '\\n' for r in grpo.toy_rows()))\n"
+    )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
     for stage in (0, 2, 3):  # stage 0: plain DDP (accelerate MULTI_GPU config, gloo on CPU)
-        subprocess.run([str(BIN / "zerofit"), "config", "--model", str(root / "model"), "--gpu", "L4",
-                        "--gpus-per-node", "2", "--workload", "grpo", "--stage", str(stage), "--global-batch", "32",
-                        "--num-generations", "8", "--seq-len", "16", "--completion-len", "8", "--precision", "bf16",
-                        "--flavour", "explicit", "--out", str(root / f"zero{stage}")],
-                       check=True, timeout=60, capture_output=True)
+        subprocess.run(
+            [
+                str(BIN / "zerofit"),
+                "config",
+                "--model",
+                str(root / "model"),
+                "--gpu",
+                "L4",
+                "--gpus-per-node",
+                "2",
+                "--workload",
+                "grpo",
+                "--stage",
+                str(stage),
+                "--global-batch",
+                "32",
+                "--num-generations",
+                "8",
+                "--seq-len",
+                "16",
+                "--completion-len",
+                "8",
+                "--precision",
+                "bf16",
+                "--flavour",
+                "explicit",
+                "--out",
+                str(root / f"zero{stage}"),
+            ],
+            check=True,
+            timeout=60,
+            capture_output=True,
+        )
     return {"root": root, "model": root / "model", "data": root / "toy.jsonl"}
 
 
 def launch(config: Path, out: Path, *flags: str, popen: bool = False):
-    cmd = [str(BIN / "accelerate"), "launch", "--config_file", str(config), "--main_process_port", str(free_port()),
-           str(RECIPE), "--output-dir", str(out), *flags]
+    cmd = [
+        str(BIN / "accelerate"),
+        "launch",
+        "--config_file",
+        str(config),
+        "--main_process_port",
+        str(free_port()),
+        str(RECIPE),
+        "--output-dir",
+        str(out),
+        *flags,
+    ]
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
     if popen:  # output to a file: an unread pipe fills up (tqdm) and blocks the run
         log = open(out.parent / "killed-run.log", "w")
-        return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                start_new_session=True)  # own process group: SIGKILL reaches every rank
+        return subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )  # own process group: SIGKILL reaches every rank
     return subprocess.run(cmd, capture_output=True, text=True, timeout=RUN_LIMIT, env=env)
 
 
 def test_zero2_local_model_and_data_saves_loadable_model(tiny, tmp_path):
     out = tmp_path / "run"
-    res = launch(tiny["root"] / "zero2" / "accelerate.yaml", out, "--model", str(tiny["model"]),
-                 "--dataset", str(tiny["data"]), "--max-steps", "4", "--save-every", "2", "--beta", "0.04",
-                 "--num-iterations", "2", "--loss-type", "dapo")
+    res = launch(
+        tiny["root"] / "zero2" / "accelerate.yaml",
+        out,
+        "--model",
+        str(tiny["model"]),
+        "--dataset",
+        str(tiny["data"]),
+        "--max-steps",
+        "4",
+        "--save-every",
+        "2",
+        "--beta",
+        "0.04",
+        "--num-iterations",
+        "2",
+        "--loss-type",
+        "dapo",
+    )
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    assert "2 process(es), ZeRO stage 2, 4 prompts x 8 generations per step" in res.stdout + res.stderr
+    assert (
+        "2 process(es), ZeRO stage 2, 4 prompts x 8 generations per step" in res.stdout + res.stderr
+    )
     rows = read_metrics(out)
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
     for r in rows:
@@ -83,15 +146,21 @@ def test_zero2_local_model_and_data_saves_loadable_model(tiny, tmp_path):
         assert set(r) >= {"reward/accuracy", "reward/format", "kl", "clip_frac", "tok_s"}
     assert rows[-1]["kl"] > 0  # the policy moved away from the frozen reference
     assert (out / "latest").read_text().strip() == "checkpoint-4"
-    assert json.loads((out / "checkpoint-2" / "trainer_state.json").read_text())["prompts_seen"] == 8
+    assert (
+        json.loads((out / "checkpoint-2" / "trainer_state.json").read_text())["prompts_seen"] == 8
+    )
     assert not list(out.glob(".tmp-*"))
     # reload in a separate process (reloading on rank 0 inside the run hangs the other rank)
-    check = (f"import torch; from transformers import AutoModelForCausalLM as M, AutoTokenizer as T\n"
-             f"a = M.from_pretrained({str(out / 'final')!r}); b = M.from_pretrained({str(tiny['model'])!r})\n"
-             f"T.from_pretrained({str(out / 'final')!r})\n"
-             "d = max((p.float() - b.state_dict()[n].float()).abs().max().item() for n, p in a.state_dict().items())\n"
-             "print('DIFF', d, a.config.num_hidden_layers)")
-    shown = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=120)
+    check = (
+        f"import torch; from transformers import AutoModelForCausalLM as M, AutoTokenizer as T\n"
+        f"a = M.from_pretrained({str(out / 'final')!r}); b = M.from_pretrained({str(tiny['model'])!r})\n"
+        f"T.from_pretrained({str(out / 'final')!r})\n"
+        "d = max((p.float() - b.state_dict()[n].float()).abs().max().item() for n, p in a.state_dict().items())\n"
+        "print('DIFF', d, a.config.num_hidden_layers)"
+    )
+    shown = subprocess.run(
+        [sys.executable, "-c", check], capture_output=True, text=True, timeout=120
+    )
     assert shown.returncode == 0, shown.stderr[-2000:]
     diff, layers = shown.stdout.split("DIFF")[1].split()
     assert float(diff) > 1e-3 and layers == "2"  # trained weights, same shape
@@ -99,19 +168,35 @@ def test_zero2_local_model_and_data_saves_loadable_model(tiny, tmp_path):
 
 def test_ddp_embedded_task_saves_loadable_model(tiny, tmp_path):
     out = tmp_path / "run"
-    res = launch(tiny["root"] / "zero0" / "accelerate.yaml", out, "--max-steps", "3",
-                 "--save-every", "0", "--rewards", "format", "--reward-weights", "1")
+    res = launch(
+        tiny["root"] / "zero0" / "accelerate.yaml",
+        out,
+        "--max-steps",
+        "3",
+        "--save-every",
+        "0",
+        "--rewards",
+        "format",
+        "--reward-weights",
+        "1",
+    )
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    assert "grpo: 2 process(es), ZeRO stage off, 4 prompts x 8 generations per step" \
+    assert (
+        "grpo: 2 process(es), ZeRO stage off, 4 prompts x 8 generations per step"
         in res.stdout + res.stderr
+    )
     rows = read_metrics(out)
     assert [r["step"] for r in rows] == [1, 2, 3]
     assert all(math.isfinite(r["loss"]) and set(r) >= {"reward/format", "tok_s"} for r in rows)
     assert "reward/accuracy" not in rows[0]
-    check = (f"from transformers import AutoModelForCausalLM as M\n"
-             f"m = M.from_pretrained({str(out / 'final')!r})\n"
-             "assert all(p.isfinite().all() for p in m.parameters()); print('OK')")
-    shown = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=120)
+    check = (
+        f"from transformers import AutoModelForCausalLM as M\n"
+        f"m = M.from_pretrained({str(out / 'final')!r})\n"
+        "assert all(p.isfinite().all() for p in m.parameters()); print('OK')"
+    )
+    shown = subprocess.run(
+        [sys.executable, "-c", check], capture_output=True, text=True, timeout=120
+    )
     assert shown.returncode == 0 and "OK" in shown.stdout, shown.stderr[-2000:]
 
 
@@ -141,13 +226,23 @@ def test_zero3_sigkill_then_resume_latest(tiny, tmp_path):
     res = launch(config, out, *flags, "--resume-from", "latest")
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     rows = read_metrics(out)
-    assert [r["step"] for r in rows] == list(range(1, 15))  # every step once: none lost, none duplicated
+    assert [r["step"] for r in rows] == list(
+        range(1, 15)
+    )  # every step once: none lost, none duplicated
     assert all(math.isfinite(r["loss"]) and "reward/format" in r for r in rows)
     assert all((out / f"checkpoint-{s}" / "trainer_state.json").exists() for s in (3, 6, 9, 12, 14))
-    assert (out / "latest").read_text().strip() == "checkpoint-14" and (out / "final" / "config.json").exists()
+    assert (out / "latest").read_text().strip() == "checkpoint-14" and (
+        out / "final" / "config.json"
+    ).exists()
     replayed = [s for s in before if s > resumed_from]
-    for r in rows:  # steps lost in the crash are replayed identically: same prompts, same samples, same weights
+    for (
+        r
+    ) in (
+        rows
+    ):  # steps lost in the crash are replayed identically: same prompts, same samples, same weights
         if r["step"] in replayed:
             old = before[r["step"]]
             assert (r["reward"], r["tokens"]) == (old["reward"], old["tokens"]), r["step"]
-            assert r["loss"] == pytest.approx(old["loss"], abs=1e-6) and r["kl"] == pytest.approx(old["kl"], abs=1e-6)
+            assert r["loss"] == pytest.approx(old["loss"], abs=1e-6) and r["kl"] == pytest.approx(
+                old["kl"], abs=1e-6
+            )

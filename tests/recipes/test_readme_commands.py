@@ -16,6 +16,7 @@ launches use); `zerofit launch ... -- recipes/x.py` lines run as written (they w
 
 Run: .venv/bin/python -m pytest tests/recipes/test_readme_commands.py -q   (serial; ~8 launches)
 """
+
 from __future__ import annotations
 
 import os
@@ -65,8 +66,10 @@ def stand_in_hub_cache(root: Path) -> Path:
 
     model = save_tiny_model(root / "tiny")
     cache = root / "hub"
-    ids = {yaml.safe_load((REPO / "recipes" / f"{n}.yaml").read_text())["model"]
-           for n in ("sft", "dpo", "grpo")}
+    ids = {
+        yaml.safe_load((REPO / "recipes" / f"{n}.yaml").read_text())["model"]
+        for n in ("sft", "dpo", "grpo")
+    }
     for hub_id in ids:
         repo = cache / ("models--" + hub_id.replace("/", "--"))
         snapshot = repo / "snapshots" / ("0" * 40)
@@ -87,16 +90,21 @@ def check_multinode_line(command: list[str], recipe: str, script: int) -> None:
     """Parse (not run) a per-node command: accelerate's parser, then the recipe's."""
     from accelerate.commands.launch import launch_command_parser
 
-    launch_args = launch_command_parser().parse_args(command[2:script + 1] + ["--"])
+    launch_args = launch_command_parser().parse_args(command[2 : script + 1] + ["--"])
     assert launch_args.machine_rank in (0, 1)
-    load_recipe(recipe).parse_args(command[script + 1:])
+    load_recipe(recipe).parse_args(command[script + 1 :])
 
 
 def test_every_readme_recipe_command_runs(tmp_path):
     cache = stand_in_hub_cache(tmp_path)
-    env = {**os.environ, "HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1",
-           "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
-           "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+    env = {
+        **os.environ,
+        "HF_HUB_CACHE": str(cache),
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+    }
     seen: dict[str, Path] = {}  # command -> its output dir (a README repeats a command: run once)
     ran, parsed = [], []
     for readme in READMES:
@@ -111,8 +119,14 @@ def test_every_readme_recipe_command_runs(tmp_path):
             for command in block:
                 found = recipe_of(command)
                 if command[:2] == ["zerofit", "config"] and not found:
-                    res = subprocess.run([sys.executable, "-m", "zerofit", *command[1:]], cwd=root,
-                                         env=env, capture_output=True, text=True, timeout=LIMIT)
+                    res = subprocess.run(
+                        [sys.executable, "-m", "zerofit", *command[1:]],
+                        cwd=root,
+                        env=env,
+                        capture_output=True,
+                        text=True,
+                        timeout=LIMIT,
+                    )
                     shown = f"{readme}: {shlex.join(command)}\n{res.stderr[-2000:]}"
                     assert res.returncode == 0, shown
                     continue
@@ -139,13 +153,23 @@ def test_every_readme_recipe_command_runs(tmp_path):
                     if cmd[0] == "python":
                         cmd[0] = sys.executable
                     elif cmd[:2] == ["accelerate", "launch"]:
-                        cmd = [str(BIN / "accelerate"), "launch", "--num_processes", "2",
-                               "--main_process_port", str(free_port()), *cmd[2:]]
+                        cmd = [
+                            str(BIN / "accelerate"),
+                            "launch",
+                            "--num_processes",
+                            "2",
+                            "--main_process_port",
+                            str(free_port()),
+                            *cmd[2:],
+                        ]
                     cmd += fast_flags(recipe, out, resume)
-                res = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True,
-                                     timeout=LIMIT)
-                assert res.returncode == 0, (f"{readme}: {shlex.join(command)}\n"
-                                             f"{res.stdout[-1500:]}\n{res.stderr[-2500:]}")
+                res = subprocess.run(
+                    cmd, cwd=root, env=env, capture_output=True, text=True, timeout=LIMIT
+                )
+                assert res.returncode == 0, (
+                    f"{readme}: {shlex.join(command)}\n"
+                    f"{res.stdout[-1500:]}\n{res.stderr[-2500:]}"
+                )
                 ran.append(shlex.join(command))
     runnable = [c for c in ran if "zerofit launch" not in c]
     for name in ("sft", "dpo", "grpo"):  # one GPU, one node, and multi-node, for each recipe

@@ -3,6 +3,7 @@ tokenisation (prompt masked, EOS learned), packing, chat-template rows and data-
 
 Run: .venv/bin/python -m pytest tests/recipes/test_sft.py -q   (~10 s)
 """
+
 from __future__ import annotations
 
 import doctest
@@ -34,8 +35,9 @@ def test_loss_ignores_padding_and_matches_cross_entropy():
     torch.manual_seed(0)
     logits = torch.randn(2, 5, 7)
     labels = torch.tensor([[IGNORE, IGNORE, 3, 4, 1], [IGNORE, 2, 1, IGNORE, IGNORE]])
-    flat = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, 7),
-                                             labels[:, 1:].reshape(-1), ignore_index=IGNORE)
+    flat = torch.nn.functional.cross_entropy(
+        logits[:, :-1].reshape(-1, 7), labels[:, 1:].reshape(-1), ignore_index=IGNORE
+    )
     assert sft.sft_loss(logits, labels).item() == pytest.approx(flat.item(), rel=1e-6)
 
 
@@ -79,12 +81,16 @@ def one_line_error(capsys, call) -> str:
 
 BAD_ROWS = [
     ([{"prompt": "a"}], "sft.py: completion: d.jsonl row 1 has no `completion`"),
-    ([{"prompt": "a", "completion": 7}],
-     "sft.py: completion: d.jsonl row 1: `completion` is a int"),
+    (
+        [{"prompt": "a", "completion": 7}],
+        "sft.py: completion: d.jsonl row 1: `completion` is a int",
+    ),
     ([{"messages": "hi"}], "sft.py: messages: d.jsonl row 1: `messages` is missing or not a list"),
     ([{"messages": [{"role": "user"}]}], "sft.py: messages: d.jsonl row 1: a turn lacks"),
-    ([{"messages": [{"role": "user", "content": "x"}]}],
-     "sft.py: messages: d.jsonl row 1: the last turn is 'user'"),
+    (
+        [{"messages": [{"role": "user", "content": "x"}]}],
+        "sft.py: messages: d.jsonl row 1: the last turn is 'user'",
+    ),
     ([], "sft.py: dataset: d.jsonl has no rows"),
 ]
 

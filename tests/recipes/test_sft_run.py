@@ -8,6 +8,7 @@ Each run's final model loads with from_pretrained in a separate process and diff
 
 Run: .venv/bin/python -m pytest tests/recipes/test_sft_run.py -q   (serial; 4 launches)
 """
+
 from __future__ import annotations
 
 import json
@@ -15,8 +16,15 @@ import math
 
 import pytest
 
-from recipe_runs import (failure_text, kill_after_checkpoint, launch, read_metrics,
-                         reload_in_new_process, save_tiny_model, write_configs)
+from recipe_runs import (
+    failure_text,
+    kill_after_checkpoint,
+    launch,
+    read_metrics,
+    reload_in_new_process,
+    save_tiny_model,
+    write_configs,
+)
 
 pytestmark = pytest.mark.distributed
 
@@ -28,11 +36,25 @@ def tiny(tmp_path_factory) -> dict:
     root = tmp_path_factory.mktemp("sft")
     model = save_tiny_model(root / "model")
     sums = [(a, b) for a in range(10) for b in range(10)]
-    (root / "pc.jsonl").write_text("".join(
-        json.dumps({"prompt": f"{a}+{b}=", "completion": str(a + b)}) + "\n" for a, b in sums))
-    (root / "chat.jsonl").write_text("".join(json.dumps({"messages": [
-        {"role": "user", "content": f"{a}+{b}="}, {"role": "assistant", "content": str(a + b)}]})
-        + "\n" for a, b in sums))
+    (root / "pc.jsonl").write_text(
+        "".join(
+            json.dumps({"prompt": f"{a}+{b}=", "completion": str(a + b)}) + "\n" for a, b in sums
+        )
+    )
+    (root / "chat.jsonl").write_text(
+        "".join(
+            json.dumps(
+                {
+                    "messages": [
+                        {"role": "user", "content": f"{a}+{b}="},
+                        {"role": "assistant", "content": str(a + b)},
+                    ]
+                }
+            )
+            + "\n"
+            for a, b in sums
+        )
+    )
     return {"root": root, "model": model, **write_configs(model, root, "sft", 16, 4)}
 
 
@@ -47,9 +69,25 @@ def check_finished_run(out, steps: int, tiny) -> list[dict]:
 
 def test_zero2_messages_packing_rotation(tiny, tmp_path):
     out = tmp_path / "run"
-    res = launch(tiny["zero2"], "sft", out, "--model", str(tiny["model"]), "--dataset",
-                 str(tiny["root"] / "chat.jsonl"), "--packing", "true", "--max-seq-len", "16",
-                 "--max-steps", "4", "--save-every", "2", "--save-total-limit", "1")
+    res = launch(
+        tiny["zero2"],
+        "sft",
+        out,
+        "--model",
+        str(tiny["model"]),
+        "--dataset",
+        str(tiny["root"] / "chat.jsonl"),
+        "--packing",
+        "true",
+        "--max-seq-len",
+        "16",
+        "--max-steps",
+        "4",
+        "--save-every",
+        "2",
+        "--save-total-limit",
+        "1",
+    )
     assert res.returncode == 0, failure_text(res)
     assert "sft: 2 process(es), ZeRO stage 2" in res.stdout + res.stderr
     check_finished_run(out, 4, tiny)
@@ -61,14 +99,31 @@ def test_zero2_messages_packing_rotation(tiny, tmp_path):
 
 def test_zero3_deepspeed_batch_wins_and_final_gathered(tiny, tmp_path):
     out = tmp_path / "run"
-    res = launch(tiny["zero3"], "sft", out, "--model", str(tiny["model"]), "--dataset",
-                 str(tiny["root"] / "pc.jsonl"), "--per-device-batch-size", "16",
-                 "--max-steps", "3", "--save-every", "0")
+    res = launch(
+        tiny["zero3"],
+        "sft",
+        out,
+        "--model",
+        str(tiny["model"]),
+        "--dataset",
+        str(tiny["root"] / "pc.jsonl"),
+        "--per-device-batch-size",
+        "16",
+        "--max-steps",
+        "3",
+        "--save-every",
+        "0",
+    )
     assert res.returncode == 0, failure_text(res)
     output = res.stdout + res.stderr
     assert "sft: 2 process(es), ZeRO stage 3" in output
-    assert output.count("note: per_device_batch_size 16 -> 4: the DeepSpeed config's "
-                        "`train_micro_batch_size_per_gpu` wins") == 1
+    assert (
+        output.count(
+            "note: per_device_batch_size 16 -> 4: the DeepSpeed config's "
+            "`train_micro_batch_size_per_gpu` wins"
+        )
+        == 1
+    )
     check_finished_run(out, 3, tiny)
 
 

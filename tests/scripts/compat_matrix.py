@@ -234,8 +234,9 @@ def run_accelerate(cell: dict, out: str, model_dir: str) -> dict:
     # MULTI_CPU over gloo (accelerate/state.py PartialState.__init__ / _prepare_backend). A CPU
     # user of this YAML must do the same; on GPUs the YAML is used as is.
     ddp_on_cpu = env.get("ACCELERATE_USE_DEEPSPEED") != "true" and not torch.cuda.is_available()
-    accelerator = Accelerator(cpu=ddp_on_cpu,
-                              kwargs_handlers=[InitProcessGroupKwargs(backend="gloo")])
+    accelerator = Accelerator(
+        cpu=ddp_on_cpu, kwargs_handlers=[InitProcessGroupKwargs(backend="gloo")]
+    )
     assert accelerator.num_processes == dist.get_world_size()
     model = AutoModelForCausalLM.from_pretrained(model_dir)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)

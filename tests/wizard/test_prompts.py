@@ -3,6 +3,7 @@
 Run: .venv/bin/python -m pytest tests/wizard/test_prompts.py -q
 Keys sent: "\\r" Enter, "\\x1b[B" arrow down, "\\x15" Ctrl-U (clear the pre-filled default).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -33,18 +34,31 @@ def fake_planner(answers: Answers):
     stage = 2 if answers.stage is None else answers.stage
     peak = {0: 90.0, 1: 90.0, 2: 40.0, 3: 20.0}[stage]
     fields = {f.name: getattr(answers, f.name) for f in dataclasses.fields(Answers)}
-    fields.update(stage=stage, micro_batch=answers.micro_batch or 2, precision=answers.precision or "bf16")
-    p = build_plan(params=7_600_000_000, hidden_size=3584, peak_gib=peak, fits=peak <= 79.6 * 0.9, **fields)
+    fields.update(
+        stage=stage, micro_batch=answers.micro_batch or 2, precision=answers.precision or "bf16"
+    )
+    p = build_plan(
+        params=7_600_000_000, hidden_size=3584, peak_gib=peak, fits=peak <= 79.6 * 0.9, **fields
+    )
     return dataclasses.replace(
-        p, answers=answers, breakdown_gib={"weights": peak / 4, "optimizer": peak / 4, "activations": peak / 2},
-        decisions=(Decision("stage", stage, "smallest stage that fits"),
-                   Decision("micro_batch", p.micro_batch, "largest that fits")),
-        alternatives=(Alternative(2, "none", "none", False, 2, 40.0, True),
-                      Alternative(1, "none", "none", False, 2, 90.0, False)))
+        p,
+        answers=answers,
+        breakdown_gib={"weights": peak / 4, "optimizer": peak / 4, "activations": peak / 2},
+        decisions=(
+            Decision("stage", stage, "smallest stage that fits"),
+            Decision("micro_batch", p.micro_batch, "largest that fits"),
+        ),
+        alternatives=(
+            Alternative(2, "none", "none", False, 2, 40.0, True),
+            Alternative(1, "none", "none", False, 2, 90.0, False),
+        ),
+    )
 
 
 def terminal(inp) -> wizard.Terminal:
-    return wizard.Terminal(Console(file=io.StringIO(), width=120, color_system=None), inp, DummyOutput())
+    return wizard.Terminal(
+        Console(file=io.StringIO(), width=120, color_system=None), inp, DummyOutput()
+    )
 
 
 def questions(base=Answers(), check=None):
@@ -54,28 +68,37 @@ def questions(base=Answers(), check=None):
 
 def test_single_node_sft_flow_with_an_override():
     with create_pipe_input() as inp:
-        inp.send_text(CLEAR + "qwen2.5-7b\r"       # model
-                      + DOWN + "\r"                 # GPU: H100-SXM -> A100-80GB
-                      + CLEAR + "8\r"               # GPUs per node
-                      + "\r"                        # nodes: 1 (no address/port/launcher questions)
-                      + "\r"                        # workload: sft
-                      + CLEAR + "4096\r"            # seq_len
-                      + "64\r"                      # global batch
-                      + "\r")                       # precision: bf16 (A100 has it)
-        inp.send_text(DOWN + "\r" + DOWN * 4 + "\r"  # change stage -> ZeRO-3
-                      + "\r")                       # accept
+        inp.send_text(
+            CLEAR
+            + "qwen2.5-7b\r"  # model
+            + DOWN
+            + "\r"  # GPU: H100-SXM -> A100-80GB
+            + CLEAR
+            + "8\r"  # GPUs per node
+            + "\r"  # nodes: 1 (no address/port/launcher questions)
+            + "\r"  # workload: sft
+            + CLEAR
+            + "4096\r"  # seq_len
+            + "64\r"  # global batch
+            + "\r"
+        )  # precision: bf16 (A100 has it)
+        inp.send_text(DOWN + "\r" + DOWN * 4 + "\r" + "\r")  # change stage -> ZeRO-3  # accept
         term = terminal(inp)
         answers = Q.start_answers(Answers())
         got = wizard.collect_answers(questions(), answers, term)
         reviewed, plan = wizard.review_plan(got, fake_planner, term)
     # precision stays None ("follow the GPU"): the user took the GPU's own default, as `zerofit config` would
-    assert got == Answers(model="qwen2.5-7b", gpu="A100-80GB", gpus_per_node=8, seq_len=4096, global_batch=64)
+    assert got == Answers(
+        model="qwen2.5-7b", gpu="A100-80GB", gpus_per_node=8, seq_len=4096, global_batch=64
+    )
     assert reviewed == got.replace(stage=3)
     assert plan.stage == 3 and plan.peak_gib == 20.0
     text = term.console.file.getvalue()
     assert "peak 20.0 GiB per GPU of 79.15 GiB" in text
     assert "(was 40.0 GiB, fits)" in text
-    assert "? New ZeRO stage" not in text  # prompts go to the prompt output, not the console  # the re-estimate is shown at once, against the previous plan
+    assert (
+        "? New ZeRO stage" not in text
+    )  # prompts go to the prompt output, not the console  # the re-estimate is shown at once, against the previous plan
     assert re.search(r"stage +3 \* +smallest stage that fits", text)  # overrides are marked
     assert "on 8 x A100-80GB (79.15 GiB) x 1 node, bf16, sft, seq 4096" in text
 
@@ -88,21 +111,50 @@ def test_multi_node_grpo_flow_asks_the_conditional_questions_and_rechecks_the_mo
         return True if ref == "qwen2.5-0.5b" else f"model: unknown model {ref!r}"
 
     with create_pipe_input() as inp:
-        inp.send_text(CLEAR + "qwen9\r"             # fails the check after Enter: asked again
-                      + CLEAR + "qwen2.5-0.5b\r"
-                      + "\r" + CLEAR + "4\r" + CLEAR + "2\r"      # H100-SXM, 4 GPUs, 2 nodes
-                      + CLEAR + "10.0.0.1\r" + CLEAR + "29511\r"  # main address and port
-                      + DOWN + "\r"                               # launcher: torchrun
-                      + DOWN * 2 + "\r"                           # workload: grpo
-                      + CLEAR + "8\r" + CLEAR + "512\r"           # num_generations, completion_len
-                      + CLEAR + "1024\r" + "32\r" + "\r")         # seq_len, global batch, precision
+        inp.send_text(
+            CLEAR
+            + "qwen9\r"  # fails the check after Enter: asked again
+            + CLEAR
+            + "qwen2.5-0.5b\r"
+            + "\r"
+            + CLEAR
+            + "4\r"
+            + CLEAR
+            + "2\r"  # H100-SXM, 4 GPUs, 2 nodes
+            + CLEAR
+            + "10.0.0.1\r"
+            + CLEAR
+            + "29511\r"  # main address and port
+            + DOWN
+            + "\r"  # launcher: torchrun
+            + DOWN * 2
+            + "\r"  # workload: grpo
+            + CLEAR
+            + "8\r"
+            + CLEAR
+            + "512\r"  # num_generations, completion_len
+            + CLEAR
+            + "1024\r"
+            + "32\r"
+            + "\r"
+        )  # seq_len, global batch, precision
         term = terminal(inp)
         got = wizard.collect_answers(questions(check=check), Q.start_answers(Answers()), term)
     assert checked == ["qwen9", "qwen2.5-0.5b"]
     assert "model: unknown model 'qwen9'" in term.console.file.getvalue()
-    assert got == Answers(model="qwen2.5-0.5b", gpus_per_node=4, num_nodes=2, main_process_ip="10.0.0.1",
-                          main_process_port=29511, launcher="torchrun", workload="grpo", num_generations=8,
-                          completion_len=512, seq_len=1024, global_batch=32)
+    assert got == Answers(
+        model="qwen2.5-0.5b",
+        gpus_per_node=4,
+        num_nodes=2,
+        main_process_ip="10.0.0.1",
+        main_process_port=29511,
+        launcher="torchrun",
+        workload="grpo",
+        num_generations=8,
+        completion_len=512,
+        seq_len=1024,
+        global_batch=32,
+    )
 
 
 def test_an_override_that_does_not_fit_is_warned_not_blocked():
@@ -111,7 +163,9 @@ def test_an_override_that_does_not_fit_is_warned_not_blocked():
         term = terminal(inp)
         reviewed, plan = wizard.review_plan(Answers(), fake_planner, term)
     assert reviewed.stage == 1 and plan.fits is False
-    assert "warning: this plan is estimated NOT to fit in GPU memory" in term.console.file.getvalue()
+    assert (
+        "warning: this plan is estimated NOT to fit in GPU memory" in term.console.file.getvalue()
+    )
 
 
 def test_a_planner_error_after_an_override_undoes_it():
@@ -192,22 +246,31 @@ def test_defaults_take_the_same_walk_without_prompting():
 
 
 def test_memory_bar_against_capacity():
-    plan = dataclasses.replace(build_plan(gpu="H100-SXM", peak_gib=40.0, headroom=0.9),
-                               breakdown_gib={"weights": 20.0, "optimizer": 10.0, "activations": 10.0})
-    plan = dataclasses.replace(plan, breakdown_gib={**plan.breakdown_gib, "cuda_context (not in peak)": 0.5})
+    plan = dataclasses.replace(
+        build_plan(gpu="H100-SXM", peak_gib=40.0, headroom=0.9),
+        breakdown_gib={"weights": 20.0, "optimizer": 10.0, "activations": 10.0},
+    )
+    plan = dataclasses.replace(
+        plan, breakdown_gib={**plan.breakdown_gib, "cuda_context (not in peak)": 0.5}
+    )
     # 79.6 GiB / 20 cells = 3.98 GiB per cell; the limit (0.9 x 79.6 = 71.6) falls in cell 18
     assert wizard.render_memory_bar(plan, width=20).plain.split("\n") == [
         "[█████▓▓▓▒▒·······|··]",
-        "  █ weights 20.0",          # the legend wraps at the bar's width
+        "  █ weights 20.0",  # the legend wraps at the bar's width
         "  ▓ optimizer 10.0",
         "  ▒ activations 10.0",
-        "  not drawn: cuda_context (not in peak) 0.5"]
-    assert wizard.render_memory_bar(plan, width=60).plain.split("\n")[1] == \
-        "  █ weights 20.0  ▓ optimizer 10.0  ▒ activations 10.0"
+        "  not drawn: cuda_context (not in peak) 0.5",
+    ]
+    assert (
+        wizard.render_memory_bar(plan, width=60).plain.split("\n")[1]
+        == "  █ weights 20.0  ▓ optimizer 10.0  ▒ activations 10.0"
+    )
 
 
 def test_memory_bar_when_the_plan_overflows():
-    plan = dataclasses.replace(build_plan(gpu="A10", peak_gib=44.0, fits=False), breakdown_gib={"all": 44.0})
+    plan = dataclasses.replace(
+        build_plan(gpu="A10", peak_gib=44.0, fits=False), breakdown_gib={"all": 44.0}
+    )
     bar = wizard.render_memory_bar(plan, width=10).plain.split("\n")[0]
     assert bar == "[████!█████]"  # capacity 22 GiB of 44 -> the "!" sits at cell 5
 
@@ -237,19 +300,27 @@ def test_detection_fills_only_what_the_user_did_not_give(tmp_path):
 
 
 def test_launch_lines_per_node(tmp_path):
-    plan = fake_planner(Answers(gpus_per_node=8, num_nodes=2, main_process_ip="10.0.0.1", global_batch=32))
+    plan = fake_planner(
+        Answers(gpus_per_node=8, num_nodes=2, main_process_ip="10.0.0.1", global_batch=32)
+    )
     lines = cmd.render_launch_lines(plan, Path("out"))
-    assert lines == ["Run on each of the 2 nodes (only --machine_rank differs):",
-                     "  node 0: accelerate launch --config_file out/accelerate.yaml --machine_rank 0 your_script.py",
-                     "  node 1: accelerate launch --config_file out/accelerate.yaml --machine_rank 1 your_script.py",
-                     "Per-node scripts with NCCL settings:",
-                     "  zerofit launch --config out/accelerate.yaml --out launch -- your_script.py"]
-    torchrun = cmd.render_launch_lines(dataclasses.replace(plan, answers=plan.answers.replace(launcher="torchrun")),
-                                       Path("out"))
+    assert lines == [
+        "Run on each of the 2 nodes (only --machine_rank differs):",
+        "  node 0: accelerate launch --config_file out/accelerate.yaml --machine_rank 0 your_script.py",
+        "  node 1: accelerate launch --config_file out/accelerate.yaml --machine_rank 1 your_script.py",
+        "Per-node scripts with NCCL settings:",
+        "  zerofit launch --config out/accelerate.yaml --out launch -- your_script.py",
+    ]
+    torchrun = cmd.render_launch_lines(
+        dataclasses.replace(plan, answers=plan.answers.replace(launcher="torchrun")), Path("out")
+    )
     assert "export ACCELERATE_USE_DEEPSPEED=true" in torchrun[1]
     assert "--rdzv_endpoint 10.0.0.1:29500" in torchrun[1] and "--nproc_per_node 8" in torchrun[1]
     single = cmd.render_launch_lines(fake_planner(Answers()), Path("out"))
-    assert single == ["Run it:", "  accelerate launch --config_file out/accelerate.yaml your_script.py"]
+    assert single == [
+        "Run it:",
+        "  accelerate launch --config_file out/accelerate.yaml your_script.py",
+    ]
 
 
 def test_no_heavy_import_before_the_first_question(tmp_path):
@@ -285,8 +356,18 @@ sys.exit(main(["wizard", "--out", {str(tmp_path / "out")!r}]))
 def test_defaults_match_the_flag_path_byte_for_byte(tmp_path, monkeypatch, capsys):
     """`wizard --defaults` and `config` with the same flags write identical files (no GPU detected here)."""
     monkeypatch.setattr("zerofit.hardware.detect_local_gpus", lambda: (None, 0))
-    flags = ["--model", "qwen2.5-1.5b", "--gpus-per-node", "2", "--workload", "dpo", "--seq-len", "1024",
-             "--out", "out"]
+    flags = [
+        "--model",
+        "qwen2.5-1.5b",
+        "--gpus-per-node",
+        "2",
+        "--workload",
+        "dpo",
+        "--seq-len",
+        "1024",
+        "--out",
+        "out",
+    ]
     texts = []
     for name, argv in (("wizard", ["wizard", "--defaults"]), ("config", ["config"])):
         (tmp_path / name).mkdir()
@@ -295,7 +376,10 @@ def test_defaults_match_the_flag_path_byte_for_byte(tmp_path, monkeypatch, capsy
         texts.append({p.name: p.read_text() for p in sorted(Path("out").iterdir())})
     assert sorted(texts[0]) == ["accelerate.yaml", "answers.yaml", "ds_config.json"]
     assert texts[0] == texts[1]
-    assert "accelerate launch --config_file out/accelerate.yaml your_script.py" in capsys.readouterr().out
+    assert (
+        "accelerate launch --config_file out/accelerate.yaml your_script.py"
+        in capsys.readouterr().out
+    )
 
 
 def test_answers_file_without_a_tty_is_used_as_is(tmp_path, monkeypatch):
@@ -312,9 +396,15 @@ def test_host_ram_shortfall_is_not_called_a_gpu_oom():
     """Issue 13 item 5: when offload needs more host RAM than the node has, the warning says so
     instead of "NOT fit in GPU memory"."""
     from rich.console import Console
-    plan = dataclasses.replace(build_plan(gpu="RTX4090", peak_gib=3.9, fits=False),
-                               failing_budget="host", cpu_gib=141.9, host_ram_gib=64.0,
-                               host_ram_source="given", gpu_need_gib=5.5)
+
+    plan = dataclasses.replace(
+        build_plan(gpu="RTX4090", peak_gib=3.9, fits=False),
+        failing_budget="host",
+        cpu_gib=141.9,
+        host_ram_gib=64.0,
+        host_ram_source="given",
+        gpu_need_gib=5.5,
+    )
     console = Console(width=200, record=True)
     for part in wizard.render_plan(plan):
         console.print(part)

@@ -2,13 +2,25 @@
 
 Run: .venv/bin/python -m pytest tests/wizard/test_questions.py -q
 """
+
 from __future__ import annotations
 
 import pytest
 
 from zerofit.planning.answers import Answers, answers_from_dict
-from zerofit.wizard.questions import (AUTO, apply_defaults, build_questions, default_for, gpu_choices, int_text,
-                               message_for, nvme_question, override_question, settle, start_answers)
+from zerofit.wizard.questions import (
+    AUTO,
+    apply_defaults,
+    build_questions,
+    default_for,
+    gpu_choices,
+    int_text,
+    message_for,
+    nvme_question,
+    override_question,
+    settle,
+    start_answers,
+)
 
 
 def qmap(base: Answers = Answers(), detected=(None, 0)):
@@ -21,14 +33,27 @@ def answers(**changes) -> dict:
 
 def test_order_follows_the_issue():
     names = [q.name for q in build_questions(Answers())]
-    assert names == ["model", "gpu", "gpus_per_node", "num_nodes", "main_process_ip", "main_process_port",
-                     "launcher", "workload", "num_generations", "completion_len", "seq_len", "global_batch",
-                     "precision", "stack"]
+    assert names == [
+        "model",
+        "gpu",
+        "gpus_per_node",
+        "num_nodes",
+        "main_process_ip",
+        "main_process_port",
+        "launcher",
+        "workload",
+        "num_generations",
+        "completion_len",
+        "seq_len",
+        "global_batch",
+        "precision",
+        "stack",
+    ]
 
 
 def test_stack_is_asked_only_when_it_changes_the_plan():
     q = qmap()["stack"]
-    assert q.when(answers()) is False            # 0.5B on one H100: every stack gets the same plan
+    assert q.when(answers()) is False  # 0.5B on one H100: every stack gets the same plan
     # 1.5B on one A100 40GB: the HF Trainer's fused AdamW has no step temporary, a plain loop's
     # foreach AdamW holds sqrt(exp_avg_sq) of the whole partition (memory/optimizers.py)
     tight = answers(model="qwen2.5-1.5b", gpu="A100-40GB", seq_len=2048)
@@ -87,8 +112,10 @@ def test_model_validation(tmp_path):
 
 def test_seq_len_must_leave_room_for_the_prompt_in_grpo():
     v = qmap()["seq_len"].validate
-    assert v("256", answers(workload="grpo", completion_len=256)) == \
-        "must exceed the completion length 256 (prompt + completion)"
+    assert (
+        v("256", answers(workload="grpo", completion_len=256))
+        == "must exceed the completion length 256 (prompt + completion)"
+    )
     assert v("257", answers(workload="grpo", completion_len=256)) is True
     assert v("256", answers(workload="sft", completion_len=256)) is True
     assert v("8", answers()) == "use 16-1048576"
@@ -98,10 +125,14 @@ def test_global_batch_arithmetic():
     v = qmap()["global_batch"].validate
     assert v("", answers(gpus_per_node=8)) is True  # blank: planner picks
     assert v("64", answers(gpus_per_node=8, num_nodes=2)) is True
-    assert v("60", answers(gpus_per_node=8, num_nodes=2)) == \
-        "must be a multiple of the 16 GPUs (micro batch x accumulation x GPUs)"
-    assert v("48", answers(gpus_per_node=8, workload="grpo", num_generations=32)) == \
-        "must be a multiple of num_generations (32)"
+    assert (
+        v("60", answers(gpus_per_node=8, num_nodes=2))
+        == "must be a multiple of the 16 GPUs (micro batch x accumulation x GPUs)"
+    )
+    assert (
+        v("48", answers(gpus_per_node=8, workload="grpo", num_generations=32))
+        == "must be a multiple of num_generations (32)"
+    )
     assert qmap()["global_batch"].convert("") is None
     assert qmap()["global_batch"].convert("64") == 64
 
@@ -112,7 +143,9 @@ def test_precision_default_follows_the_gpu():
     assert default_for(q, answers(gpu="V100-32GB")) == "fp16"
     assert message_for(q, answers(gpu="V100-32GB")) == "Precision (V100-32GB has no bf16)"
     # a precision the user gave wins over the GPU's
-    assert default_for(qmap(Answers(precision="fp32"))["precision"], answers(gpu="H100-SXM")) == "fp32"
+    assert (
+        default_for(qmap(Answers(precision="fp32"))["precision"], answers(gpu="H100-SXM")) == "fp32"
+    )
 
 
 def test_seq_len_default_grows_past_a_long_completion():
@@ -135,9 +168,13 @@ def test_gpu_alias_default_is_the_catalog_key():
 
 
 def test_apply_defaults_is_the_default_walk():
-    base = Answers(model="qwen2.5-7b", workload="grpo", num_generations=4, global_batch=32, gpus_per_node=8)
+    base = Answers(
+        model="qwen2.5-7b", workload="grpo", num_generations=4, global_batch=32, gpus_per_node=8
+    )
     got = apply_defaults(build_questions(base), start_answers(base))
-    assert answers_from_dict(got) == base  # precision: the GPU's default, so it stays "follow the GPU"
+    assert (
+        answers_from_dict(got) == base
+    )  # precision: the GPU's default, so it stays "follow the GPU"
 
 
 def test_apply_defaults_skips_questions_whose_when_is_false():
@@ -157,7 +194,9 @@ def test_settle_keeps_precision_unset_only_when_it_matches_the_gpu():
     assert settle({**start, "precision": "fp32"}, start)["precision"] == "fp32"
     assert settle({**start, "gpu": "V100-32GB", "precision": "bf16"}, start)["precision"] == "bf16"
     given = start_answers(Answers(precision="bf16"))
-    assert settle({**given, "precision": "bf16"}, given)["precision"] == "bf16"  # the user's own stays
+    assert (
+        settle({**given, "precision": "bf16"}, given)["precision"] == "bf16"
+    )  # the user's own stays
 
 
 def test_override_questions():
@@ -172,4 +211,7 @@ def test_override_questions():
     assert micro.kind == "text" and micro.convert("") is None and micro.convert("2") == 2
     assert micro.validate("0", {}) == "use 1-4096"
     nvme = nvme_question(None)
-    assert nvme.default == "/local_nvme" and nvme.validate("nvme", {}) == "an absolute path, e.g. /local_nvme"
+    assert (
+        nvme.default == "/local_nvme"
+        and nvme.validate("nvme", {}) == "an absolute path, e.g. /local_nvme"
+    )

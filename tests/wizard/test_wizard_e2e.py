@@ -5,6 +5,7 @@ accelerate and deepspeed to load the written files)
 Regenerate the README transcript (needs `pip install pyte`, a terminal emulator):
   ZEROFIT_TRANSCRIPT=docs/wizard_transcript.txt .venv/bin/python -m pytest tests/wizard/test_wizard_e2e.py -q
 """
+
 from __future__ import annotations
 
 import io
@@ -29,8 +30,15 @@ def spawn(cwd: Path, log=None) -> pexpect.spawn:
     # pexpect is no terminal: it never answers prompt_toolkit's cursor-position requests, and each
     # prompt would wait 1 s for the reply on exit.
     env["PROMPT_TOOLKIT_NO_CPR"] = "1"
-    child = pexpect.spawn(str(exe), ["wizard", "--out", "out"], cwd=str(cwd), env=env, dimensions=(ROWS, COLS),
-                          encoding="utf-8", timeout=60)
+    child = pexpect.spawn(
+        str(exe),
+        ["wizard", "--out", "out"],
+        cwd=str(cwd),
+        env=env,
+        dimensions=(ROWS, COLS),
+        encoding="utf-8",
+        timeout=60,
+    )
     child.logfile_read = log
     return child
 
@@ -40,43 +48,54 @@ def answer(child: pexpect.spawn, question: str, keys: str) -> None:
     child.send(keys)
 
 
-def test_wizard_in_a_pty_writes_files_that_accelerate_and_deepspeed_load(tmp_path, free_port, monkeypatch):
+def test_wizard_in_a_pty_writes_files_that_accelerate_and_deepspeed_load(
+    tmp_path, free_port, monkeypatch
+):
     out = tmp_path / "out"
     log = io.StringIO()
     child = spawn(tmp_path, log)
     answer(child, "Model", CLEAR + "qwen2.5-7b\r")
-    answer(child, "GPU", DOWN + "\r")                        # H100-SXM -> A100-80GB
+    answer(child, "GPU", DOWN + "\r")  # H100-SXM -> A100-80GB
     answer(child, "GPUs per node", CLEAR + "2\r")
     answer(child, "Number of nodes", CLEAR + "2\r")
     answer(child, "Main node address", CLEAR + "127.0.0.1\r")
     answer(child, "Main node port", CLEAR + f"{free_port}\r")
-    answer(child, "Launch with", "\r")                       # accelerate
-    answer(child, "Workload", DOWN * 2 + "\r")               # grpo
+    answer(child, "Launch with", "\r")  # accelerate
+    answer(child, "Workload", DOWN * 2 + "\r")  # grpo
     answer(child, "completions per prompt", CLEAR + "4\r")
     answer(child, "generated tokens per completion", CLEAR + "128\r")
     answer(child, "Sequence length", CLEAR + "512\r")
     answer(child, "Global batch", CLEAR + "16\r")
-    answer(child, "Precision", "\r")                         # bf16 (A100 has it)
-    answer(child, "Accept this plan?", DOWN + "\r")          # change the ZeRO stage ...
-    answer(child, "New ZeRO stage", DOWN * 4 + "\r")         # ... to 3
-    child.expect_exact("(was ")                              # re-estimated at once
+    answer(child, "Precision", "\r")  # bf16 (A100 has it)
+    answer(child, "Accept this plan?", DOWN + "\r")  # change the ZeRO stage ...
+    answer(child, "New ZeRO stage", DOWN * 4 + "\r")  # ... to 3
+    child.expect_exact("(was ")  # re-estimated at once
     answer(child, "Accept this plan?", "\r")
     child.expect(pexpect.EOF)
     child.close()
     _save_transcript(log.getvalue())
     assert child.exitstatus == 0, log.getvalue()[-2000:]
-    assert "node 1: accelerate launch --config_file out/accelerate.yaml --machine_rank 1 your_script.py" \
+    assert (
+        "node 1: accelerate launch --config_file out/accelerate.yaml --machine_rank 1 your_script.py"
         in log.getvalue()
+    )
 
-    files = {name: (out / name).read_text() for name in ("ds_config.json", "accelerate.yaml", "answers.yaml")}
+    files = {
+        name: (out / name).read_text()
+        for name in ("ds_config.json", "accelerate.yaml", "answers.yaml")
+    }
     from accelerate.commands.config.config_args import load_config_from_file
+
     cluster = load_config_from_file(str(out / "accelerate.yaml"))
     assert (cluster.num_machines, cluster.num_processes, cluster.machine_rank) == (2, 4, 0)
     assert (cluster.main_process_ip, cluster.main_process_port) == ("127.0.0.1", free_port)
     # absolute: workers open it from whatever directory they were launched in
-    assert cluster.deepspeed_config["deepspeed_config_file"] == str(out.resolve() / "ds_config.json")
+    assert cluster.deepspeed_config["deepspeed_config_file"] == str(
+        out.resolve() / "ds_config.json"
+    )
 
     from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+
     ds = json.loads(files["ds_config.json"])
     assert DeepSpeedZeroConfig(**ds["zero_optimization"]).stage == 3
     assert ds["train_batch_size"] == 16 and ds["bf16"]["enabled"] is True

@@ -3,21 +3,43 @@
 Flag names are the field names with dashes (``--gpus-per-node``); ``--nodes`` and
 ``--answers FILE`` are extra. Values given on the command line override the answers file.
 """
+
 from __future__ import annotations
 
 import argparse
 from dataclasses import fields
 from pathlib import Path
 
-from zerofit.planning.answers import (ATTENTION, FLAVOURS, LAUNCHERS, LOSS_KERNELS, OFFLOAD_DEVICES,
-                                     OPTIMIZERS, PRECISIONS, STACKS, WORKLOADS, Answers,
-                                     answers_from_dict, answers_to_dict, load_answers)
+from zerofit.planning.answers import (
+    ATTENTION,
+    FLAVOURS,
+    LAUNCHERS,
+    LOSS_KERNELS,
+    OFFLOAD_DEVICES,
+    OPTIMIZERS,
+    PRECISIONS,
+    STACKS,
+    WORKLOADS,
+    Answers,
+    answers_from_dict,
+    answers_to_dict,
+    load_answers,
+)
 from zerofit.errors import ZerofitError
 
-_CHOICES = {"workload": WORKLOADS, "precision": PRECISIONS, "offload_optimizer": OFFLOAD_DEVICES,
-            "offload_param": OFFLOAD_DEVICES, "launcher": LAUNCHERS, "flavour": FLAVOURS,
-            "attention": ATTENTION, "stage": (0, 1, 2, 3), "stack": STACKS, "optimizer": OPTIMIZERS,
-            "loss_kernel": LOSS_KERNELS}
+_CHOICES = {
+    "workload": WORKLOADS,
+    "precision": PRECISIONS,
+    "offload_optimizer": OFFLOAD_DEVICES,
+    "offload_param": OFFLOAD_DEVICES,
+    "launcher": LAUNCHERS,
+    "flavour": FLAVOURS,
+    "attention": ATTENTION,
+    "stage": (0, 1, 2, 3),
+    "stack": STACKS,
+    "optimizer": OPTIMIZERS,
+    "loss_kernel": LOSS_KERNELS,
+}
 _HELP = {
     "model": "built-in name (e.g. qwen2.5-7b), config.json, model directory, or hub id",
     "gpu": "GPU type from the catalog (e.g. H100-SXM, A100-80GB, L40S)",
@@ -30,16 +52,16 @@ _HELP = {
     "gradient_checkpointing": "recompute activations in backward (default: the planner picks)",
     "flavour": "explicit numbers, or 'auto' values for HF Trainer / TRL",
     "optimizer_block": "write an AdamW `optimizer` block into the DeepSpeed JSON (plain DeepSpeed "
-                       "scripts that call deepspeed.initialize without their own optimizer)",
+    "scripts that call deepspeed.initialize without their own optimizer)",
     "headroom": "fraction of GPU memory a plan may use (default 1.0: the safety margin and the "
-                "modelled allocator/NCCL/context terms already keep what the GPU needs free)",
+    "modelled allocator/NCCL/context terms already keep what the GPU needs free)",
     "safety_margin_gib": "GiB kept free on top of every modelled term (default 1.0)",
     "stack": "what runs the training: hf (Trainer, TRL, LLaMA-Factory, axolotl; default), "
-             "accelerate (a plain loop, e.g. our recipes) or deepspeed (optimizer from the JSON)",
+    "accelerate (a plain loop, e.g. our recipes) or deepspeed (optimizer from the JSON)",
     "optimizer": "optimizer implementation (default: what the stack runs; hf: adamw_torch_fused)",
     "loss_kernel": "hf (full-vocabulary fp32 logits, default: HF Trainer, LLaMA-Factory, TRL "
-                   "before 1.16), liger (fused linear cross-entropy) or trl_fused (TRL >= 1.16's "
-                   "chunked LM head in its DPO/GRPO trainers)",
+    "before 1.16), liger (fused linear cross-entropy) or trl_fused (TRL >= 1.16's "
+    "chunked LM head in its DPO/GRPO trainers)",
     "precompute_ref": "dpo: reference log-probs precomputed (TRL precompute_ref_log_probs)",
     "vllm_gpu_memory_utilization": "grpo: colocated vLLM's share of each GPU (e.g. 0.3)",
     "steps_per_generation": "grpo: micro batches generated at once (default: grad accumulation)",
@@ -50,7 +72,9 @@ _ALIASES = {"num_nodes": ["--nodes"]}
 
 def add_answer_flags(parser: argparse.ArgumentParser) -> None:
     """Add ``--answers FILE`` and one flag per Answers field (default None = not given)."""
-    parser.add_argument("--answers", metavar="FILE", help="answers.yaml to start from (flags override it)")
+    parser.add_argument(
+        "--answers", metavar="FILE", help="answers.yaml to start from (flags override it)"
+    )
     for f in fields(Answers):
         flag = "--" + f.name.replace("_", "-")
         names = [flag] + _ALIASES.get(f.name, [])
@@ -58,8 +82,11 @@ def add_answer_flags(parser: argparse.ArgumentParser) -> None:
         if "bool" in f.type:
             kwargs["action"] = argparse.BooleanOptionalAction
         else:
-            kwargs["type"] = int if f.name in ("stage",) or f.type.startswith("int") else (
-                float if f.type.startswith("float") else str)
+            kwargs["type"] = (
+                int
+                if f.name in ("stage",) or f.type.startswith("int")
+                else (float if f.type.startswith("float") else str)
+            )
             if f.name in _CHOICES:
                 kwargs["choices"] = _CHOICES[f.name]
             kwargs["metavar"] = f.name.upper()
@@ -74,7 +101,9 @@ def answers_from_args(args: argparse.Namespace) -> Answers:
         try:
             text = path.read_text()
         except OSError as exc:
-            raise ZerofitError("--answers", f"cannot read {path} ({exc.strerror})", "give an existing answers.yaml") from None
+            raise ZerofitError(
+                "--answers", f"cannot read {path} ({exc.strerror})", "give an existing answers.yaml"
+            ) from None
         base = answers_to_dict(load_answers(text))
     for f in fields(Answers):
         value = getattr(args, f.name, None)

@@ -3,6 +3,7 @@
 Start-up must stay fast: nothing here (or in a command's ``register``) may import torch,
 deepspeed or transformers; commands import heavy modules inside ``run``.
 """
+
 from __future__ import annotations
 
 import argparse

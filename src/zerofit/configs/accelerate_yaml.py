@@ -16,6 +16,7 @@ Facts this follows (accelerate 1.15, read from its source and tried):
 * accelerate's default multi-node DeepSpeed launcher is pdsh (needs ssh + a hostfile); the
   ``standard`` launcher is torchrun on every node, started by you or your scheduler.
 """
+
 from __future__ import annotations
 
 import os
@@ -39,7 +40,9 @@ def default_config_path(environ: Mapping[str, str]) -> str:
     return os.path.join(os.path.expanduser(hf_home), "accelerate", DEFAULT_CONFIG_NAME)
 
 
-def build_accelerate_config(plan, ds_config_file: str = DS_CONFIG_FILE, machine_rank: int = 0) -> dict[str, Any]:
+def build_accelerate_config(
+    plan, ds_config_file: str = DS_CONFIG_FILE, machine_rank: int = 0
+) -> dict[str, Any]:
     """The accelerate config for ``plan`` on machine ``machine_rank``.
 
     Args:
@@ -52,10 +55,12 @@ def build_accelerate_config(plan, ds_config_file: str = DS_CONFIG_FILE, machine_
     cfg: dict[str, Any] = {"compute_environment": "LOCAL_MACHINE", "debug": False}
     if plan.stage > 0:
         cfg["distributed_type"] = "DEEPSPEED"
-        ds: dict[str, Any] = {"deepspeed_config_file": ds_config_file,
-                              # zero.Init partitions weights while from_pretrained loads them, so
-                              # no rank ever holds the full model (stage 3 only).
-                              "zero3_init_flag": plan.stage == 3}
+        ds: dict[str, Any] = {
+            "deepspeed_config_file": ds_config_file,
+            # zero.Init partitions weights while from_pretrained loads them, so
+            # no rank ever holds the full model (stage 3 only).
+            "zero3_init_flag": plan.stage == 3,
+        }
         if nodes > 1:
             ds["deepspeed_multinode_launcher"] = "standard"
         cfg["deepspeed_config"] = ds
@@ -77,23 +82,36 @@ def build_accelerate_config(plan, ds_config_file: str = DS_CONFIG_FILE, machine_
     return cfg
 
 
-def render_accelerate_config(plan, machine_rank: int = 0, ds_config_file: str = DS_CONFIG_FILE) -> str:
+def render_accelerate_config(
+    plan, machine_rank: int = 0, ds_config_file: str = DS_CONFIG_FILE
+) -> str:
     """accelerate.yaml text for ``machine_rank`` (stable key order, explanatory header)."""
     import yaml
 
     cfg = build_accelerate_config(plan, ds_config_file=ds_config_file, machine_rank=machine_rank)
     nodes = plan.answers.num_nodes
-    header = [f"# accelerate config written by zerofit: {plan.world_size} processes in total "
-              f"({plan.answers.gpus_per_node} per node x {nodes} node{'s' if nodes > 1 else ''})."]
+    header = [
+        f"# accelerate config written by zerofit: {plan.world_size} processes in total "
+        f"({plan.answers.gpus_per_node} per node x {nodes} node{'s' if nodes > 1 else ''})."
+    ]
     if plan.stage > 0:
-        where = ("" if os.path.isabs(ds_config_file)
-                 else ", opened relative to the directory you launch from")
-        header.append(f"# DeepSpeed settings (ZeRO-{plan.stage}, precision, batch sizes) live in "
-                      f"{ds_config_file}{where}.")
+        where = (
+            ""
+            if os.path.isabs(ds_config_file)
+            else ", opened relative to the directory you launch from"
+        )
+        header.append(
+            f"# DeepSpeed settings (ZeRO-{plan.stage}, precision, batch sizes) live in "
+            f"{ds_config_file}{where}."
+        )
         if plan.answers.flavour == "auto" and plan.precision in ("bf16", "fp16"):
-            header.append(f'# Its precision is "auto": pass --{plan.precision} to the HF Trainer / '
-                          f"TRL, or --mixed_precision {plan.precision} to accelerate launch (else fp32).")
+            header.append(
+                f'# Its precision is "auto": pass --{plan.precision} to the HF Trainer / '
+                f"TRL, or --mixed_precision {plan.precision} to accelerate launch (else fp32)."
+            )
     if nodes > 1:
-        header.append(f"# This file is for machine_rank {machine_rank}; run the same command on every node "
-                      "with that node's file.")
+        header.append(
+            f"# This file is for machine_rank {machine_rank}; run the same command on every node "
+            "with that node's file."
+        )
     return "\n".join(header) + "\n" + yaml.safe_dump(cfg, sort_keys=False)

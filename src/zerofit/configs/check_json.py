@@ -11,8 +11,14 @@ import copy
 import json
 from typing import Any
 
-from zerofit.configs.check_problem import (Problem, is_int, not_a_mapping, type_problem,
-                                           unknown_key, want)
+from zerofit.configs.check_problem import (
+    Problem,
+    is_int,
+    not_a_mapping,
+    type_problem,
+    unknown_key,
+    want,
+)
 from zerofit.configs.check_tables import ACCELERATE_FILLED, DS_SECTIONS, DS_TOP, HF_FILLED
 
 

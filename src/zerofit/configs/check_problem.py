@@ -25,8 +25,9 @@ class Problem:
 
 def not_a_mapping(name: str) -> Problem:
     """A file whose top level is not a mapping (a list, a number, an empty document)."""
-    return Problem(name, "must hold a mapping of keys to values", "start from `zerofit config`",
-                   "unreadable")
+    return Problem(
+        name, "must hold a mapping of keys to values", "start from `zerofit config`", "unreadable"
+    )
 
 
 def is_int(v: Any) -> bool:

@@ -8,8 +8,14 @@ from __future__ import annotations
 
 from typing import Callable
 
-from zerofit.configs.check_problem import (Problem, is_int, not_a_mapping, type_problem,
-                                           unknown_key, want)
+from zerofit.configs.check_problem import (
+    Problem,
+    is_int,
+    not_a_mapping,
+    type_problem,
+    unknown_key,
+    want,
+)
 from zerofit.configs.check_tables import (
     ACCELERATE_DS_KEYS,
     ACCELERATE_KEYS,

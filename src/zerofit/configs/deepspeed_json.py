@@ -49,6 +49,7 @@ DeepSpeed's offload path is built and tested for; a torch AdamW stepping the fp3
 CPU is several times slower and runs on DeepSpeed's "untested optimizer" path. The cost is a one-off
 cpu_adam compilation (~80 s, cached) on first use.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -66,8 +67,14 @@ AUTO_BUCKETS = {
 
 # DeepSpeed's fp16 dynamic loss scaling (its documented defaults, written out so users see them;
 # the HF docs' zero2/zero3 templates write the same block with "enabled": "auto").
-FP16_BLOCK = {"enabled": True, "loss_scale": 0, "loss_scale_window": 1000,
-              "initial_scale_power": 16, "hysteresis": 2, "min_loss_scale": 1}
+FP16_BLOCK = {
+    "enabled": True,
+    "loss_scale": 0,
+    "loss_scale_window": 1000,
+    "initial_scale_power": 16,
+    "hysteresis": 2,
+    "min_loss_scale": 1,
+}
 # torch.optim.AdamW's own defaults (torch/optim/adamw.py), for the explicit optimizer block.
 ADAMW_DEFAULTS = {"lr": 1e-3, "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0.01}
 
@@ -81,13 +88,19 @@ def build_zero_config(plan) -> dict[str, Any]:
     auto = plan.answers.flavour == "auto"
     ds: dict[str, Any] = {"_comment": _comment(plan, auto)}
     if auto:
-        ds.update(train_batch_size="auto", train_micro_batch_size_per_gpu="auto",
-                  gradient_accumulation_steps="auto", gradient_clipping="auto")
+        ds.update(
+            train_batch_size="auto",
+            train_micro_batch_size_per_gpu="auto",
+            gradient_accumulation_steps="auto",
+            gradient_clipping="auto",
+        )
     else:
-        ds.update(train_batch_size=plan.micro_batch * plan.grad_accum * plan.world_size,
-                  train_micro_batch_size_per_gpu=plan.micro_batch,
-                  gradient_accumulation_steps=plan.grad_accum,
-                  gradient_clipping=1.0)
+        ds.update(
+            train_batch_size=plan.micro_batch * plan.grad_accum * plan.world_size,
+            train_micro_batch_size_per_gpu=plan.micro_batch,
+            gradient_accumulation_steps=plan.grad_accum,
+            gradient_clipping=1.0,
+        )
     if auto:
         # Both blocks "auto": the Trainer's --bf16/--fp16 or accelerate's --mixed_precision decide.
         ds["fp16"] = dict(FP16_BLOCK, enabled="auto")
@@ -139,7 +152,9 @@ def _offload_block(device: str, nvme_path: str | None) -> dict[str, Any]:
     block: dict[str, Any] = {"device": device, "pin_memory": True}
     if device == "nvme":
         if not nvme_path:
-            raise ZerofitError("nvme_path", "offload to nvme needs a path", "pass --nvme-path /local_nvme")
+            raise ZerofitError(
+                "nvme_path", "offload to nvme needs a path", "pass --nvme-path /local_nvme"
+            )
         block["nvme_path"] = nvme_path
     return block
 
@@ -153,15 +168,24 @@ def _comment(plan, auto: bool) -> str:
     if plan.stage == 3 and plan.offload_param != "none":
         parts.append(f"parameter offload to {plan.offload_param}")
     if plan.answers.optimizer_block:
-        parts.append("AdamW optimizer block"
-                     + ("" if auto else " (torch defaults: set lr to yours)"))
+        parts.append(
+            "AdamW optimizer block" + ("" if auto else " (torch defaults: set lr to yours)")
+        )
     if auto:
         flag = {"bf16": "--bf16", "fp16": "--fp16"}.get(plan.precision)
-        parts.append('"auto" values are filled by HF Trainer / TRL / accelerate from the '
-                     "training arguments"
-                     + (f"; pass {flag} (accelerate launch: --mixed_precision {plan.precision}), "
-                        "the precision this plan was sized for" if flag else ""))
+        parts.append(
+            '"auto" values are filled by HF Trainer / TRL / accelerate from the '
+            "training arguments"
+            + (
+                f"; pass {flag} (accelerate launch: --mixed_precision {plan.precision}), "
+                "the precision this plan was sized for"
+                if flag
+                else ""
+            )
+        )
     else:
-        parts.append(f"train_batch_size = {plan.micro_batch} micro x {plan.grad_accum} accumulation x "
-                     f"{plan.world_size} GPUs; for plain accelerate/DeepSpeed scripts")
+        parts.append(
+            f"train_batch_size = {plan.micro_batch} micro x {plan.grad_accum} accumulation x "
+            f"{plan.world_size} GPUs; for plain accelerate/DeepSpeed scripts"
+        )
     return "; ".join(parts)

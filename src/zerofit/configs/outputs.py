@@ -1,4 +1,5 @@
 """Answers -> Plan -> {filename: text}: the files `zerofit config` writes, as deterministic text."""
+
 from __future__ import annotations
 
 import json
@@ -26,7 +27,9 @@ def render_files(plan, ds_config_file: str = DS_CONFIG_FILE) -> dict[str, str]:
     """
     return {
         "ds_config.json": render_zero_config(plan),
-        "accelerate.yaml": render_accelerate_config(plan, machine_rank=0, ds_config_file=ds_config_file),
+        "accelerate.yaml": render_accelerate_config(
+            plan, machine_rank=0, ds_config_file=ds_config_file
+        ),
         "answers.yaml": render_answers(plan.answers),
     }
 
@@ -50,6 +53,8 @@ def refuse_unrunnable(plan) -> None:
     `zerofit check --gpu` reports the same file as an error, so never write it.
     """
     if plan.precision == "bf16" and not plan.gpu.bf16:
-        raise ZerofitError("precision", f"bf16 is not supported by {plan.gpu.name}",
-                           "use --precision fp16 (or leave --precision unset: fp16 with loss "
-                           "scaling)")
+        raise ZerofitError(
+            "precision",
+            f"bf16 is not supported by {plan.gpu.name}",
+            "use --precision fp16 (or leave --precision unset: fp16 with loss " "scaling)",
+        )

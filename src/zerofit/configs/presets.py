@@ -6,6 +6,7 @@ fills batch sizes, accumulation, clipping and the hidden-size based stage-3 buck
 The accelerate YAMLs default to one node with 8 GPUs, the common training box; override with
 ``accelerate launch --num_processes N``.
 """
+
 from __future__ import annotations
 
 import json
@@ -20,11 +21,36 @@ PRESET_DIR = "deepspeed_configs"
 
 # name -> (stage, offload_optimizer, offload_param, when to use it)
 PRESETS = {
-    "zero1": (1, "none", "none", "model + grads fit on every GPU; shards only optimizer states (least communication)"),
-    "zero2": (2, "none", "none", "the default for fine-tuning up to ~13B on 80 GB GPUs; shards grads + optimizer"),
-    "zero2_offload": (2, "cpu", "none", "ZeRO-2 almost fits: optimizer states and step go to CPU RAM (slower step)"),
-    "zero3": (3, "none", "none", "weights alone crowd a GPU (30B+ or many nodes); shards parameters too"),
-    "zero3_offload": (3, "cpu", "cpu", "the model does not fit even sharded: parameters and optimizer in CPU RAM"),
+    "zero1": (
+        1,
+        "none",
+        "none",
+        "model + grads fit on every GPU; shards only optimizer states (least communication)",
+    ),
+    "zero2": (
+        2,
+        "none",
+        "none",
+        "the default for fine-tuning up to ~13B on 80 GB GPUs; shards grads + optimizer",
+    ),
+    "zero2_offload": (
+        2,
+        "cpu",
+        "none",
+        "ZeRO-2 almost fits: optimizer states and step go to CPU RAM (slower step)",
+    ),
+    "zero3": (
+        3,
+        "none",
+        "none",
+        "weights alone crowd a GPU (30B+ or many nodes); shards parameters too",
+    ),
+    "zero3_offload": (
+        3,
+        "cpu",
+        "cpu",
+        "the model does not fit even sharded: parameters and optimizer in CPU RAM",
+    ),
 }
 YAMLS = {
     "multi_gpu": (0, "plain DDP, no DeepSpeed: small models where a full copy per GPU fits"),
@@ -38,20 +64,44 @@ def preset_plan(stage: int, offload_optimizer: str = "none", offload_param: str 
     """A model-independent Plan for a preset: 1 node x 8 GPUs, bf16, auto flavour."""
     from zerofit.hardware import lookup
 
-    answers = Answers(gpu="H100-SXM", gpus_per_node=PRESET_GPUS, precision="bf16", flavour="auto", stage=stage,
-                      offload_optimizer=offload_optimizer, offload_param=offload_param, micro_batch=1)
+    answers = Answers(
+        gpu="H100-SXM",
+        gpus_per_node=PRESET_GPUS,
+        precision="bf16",
+        flavour="auto",
+        stage=stage,
+        offload_optimizer=offload_optimizer,
+        offload_param=offload_param,
+        micro_batch=1,
+    )
     # hidden_size does not reach the files: stage-3 buckets are "auto" and stage-1/2 buckets are constants.
-    return Plan(answers=answers, gpu=lookup(answers.gpu), model_name="any", params=0, hidden_size=4096,
-                precision="bf16", world_size=PRESET_GPUS, stage=stage, offload_optimizer=offload_optimizer,
-                offload_param=offload_param, gradient_checkpointing=False, micro_batch=1, grad_accum=1,
-                global_batch=PRESET_GPUS, peak_gib=0.0, fits=True)
+    return Plan(
+        answers=answers,
+        gpu=lookup(answers.gpu),
+        model_name="any",
+        params=0,
+        hidden_size=4096,
+        precision="bf16",
+        world_size=PRESET_GPUS,
+        stage=stage,
+        offload_optimizer=offload_optimizer,
+        offload_param=offload_param,
+        gradient_checkpointing=False,
+        micro_batch=1,
+        grad_accum=1,
+        global_batch=PRESET_GPUS,
+        peak_gib=0.0,
+        fits=True,
+    )
 
 
 def render_presets() -> dict[str, str]:
     """{relative path under deepspeed_configs/: text} for every preset file and the README."""
     files = {}
     for name, (stage, opt, par, _) in PRESETS.items():
-        files[f"{name}.json"] = json.dumps(build_zero_config(preset_plan(stage, opt, par)), indent=2) + "\n"
+        files[f"{name}.json"] = (
+            json.dumps(build_zero_config(preset_plan(stage, opt, par)), indent=2) + "\n"
+        )
     for name, (stage, _) in YAMLS.items():
         ds_file = f"{PRESET_DIR}/zero{stage}.json"
         text = render_accelerate_config(preset_plan(stage), machine_rank=0, ds_config_file=ds_file)
@@ -62,7 +112,9 @@ def render_presets() -> dict[str, str]:
 
 def render_readme() -> str:
     """deepspeed_configs/README.md: when to use which preset, and how they are made."""
-    rows = "\n".join(f"| `{n}.json` | {s} | {o} | {p} | {why} |" for n, (s, o, p, why) in PRESETS.items())
+    rows = "\n".join(
+        f"| `{n}.json` | {s} | {o} | {p} | {why} |" for n, (s, o, p, why) in PRESETS.items()
+    )
     yrows = "\n".join(f"| `accelerate/{n}.yaml` | {why} |" for n, (_, why) in YAMLS.items())
     return f"""# DeepSpeed presets
 
@@ -114,5 +166,6 @@ sets `mixed_precision: bf16`.
 
 def describe_presets() -> list[tuple[str, str]]:
     """(file, when to use it) for `zerofit presets`."""
-    return [(f"{n}.json", why) for n, (_, _, _, why) in PRESETS.items()] + \
-           [(f"accelerate/{n}.yaml", why) for n, (_, why) in YAMLS.items()]
+    return [(f"{n}.json", why) for n, (_, _, _, why) in PRESETS.items()] + [
+        (f"accelerate/{n}.yaml", why) for n, (_, why) in YAMLS.items()
+    ]

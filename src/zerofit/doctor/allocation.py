@@ -122,8 +122,7 @@ def render_table(reports: dict[int, dict], shared: list[Check]) -> str:
             if c["status"] != "pass":
                 lines.append(
                     f"{c['status'].upper():<5} {rep['host']} (rank {rank}) "
-                    f"{c['name']}: {c['detail']}"
-                    + (f" (fix: {c['fix']})" if c["fix"] else "")
+                    f"{c['name']}: {c['detail']}" + (f" (fix: {c['fix']})" if c["fix"] else "")
                 )
     for c in shared:
         if c.status != "pass":

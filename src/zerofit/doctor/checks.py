@@ -3,6 +3,7 @@
 Run on every node before a multi-node job; ``--json`` on one node and ``--compare`` on another
 shows version drift, the usual cause of hangs that no error message explains.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -98,10 +99,15 @@ def gather_versions() -> dict[str, str | None]:
             versions[name] = None
     try:
         import torch
+
         versions["torch"], versions["cuda"] = torch.__version__, torch.version.cuda
         try:
             nccl = torch.cuda.nccl.version() if torch.cuda.is_available() else None
-            versions["nccl"] = ".".join(map(str, nccl)) if isinstance(nccl, tuple) else (str(nccl) if nccl else None)
+            versions["nccl"] = (
+                ".".join(map(str, nccl))
+                if isinstance(nccl, tuple)
+                else (str(nccl) if nccl else None)
+            )
         except Exception:  # CPU builds have no NCCL at all
             versions["nccl"] = None
     except ImportError:
@@ -112,6 +118,7 @@ def gather_versions() -> dict[str, str | None]:
 def gather_gpus() -> dict[str, Any]:
     try:
         import torch
+
         if torch.cuda.is_available():
             n = torch.cuda.device_count()
             return {"count": n, "names": [torch.cuda.get_device_name(i) for i in range(n)]}
@@ -120,11 +127,24 @@ def gather_gpus() -> dict[str, Any]:
     return {"count": 0, "names": []}
 
 
-def gather_facts(config: dict | None = None, main_addr: str | None = None, main_port: int | None = None,
-                 node_rank: int | None = None, checkpoint_dir: str | None = None,
-                 need_gib: float | None = None, env: dict[str, str] | None = None) -> dict[str, Any]:
+def gather_facts(
+    config: dict | None = None,
+    main_addr: str | None = None,
+    main_port: int | None = None,
+    node_rank: int | None = None,
+    checkpoint_dir: str | None = None,
+    need_gib: float | None = None,
+    env: dict[str, str] | None = None,
+) -> dict[str, Any]:
     """Everything the checks look at, as plain data (JSON-serialisable)."""
-    from zerofit.doctor.net import list_infiniband, list_interfaces, port_in_use, resolve, route_source
+    from zerofit.doctor.net import (
+        list_infiniband,
+        list_interfaces,
+        port_in_use,
+        resolve,
+        route_source,
+    )
+
     env = dict(os.environ) if env is None else env
     cfg = config or {}
     main_addr = main_addr or cfg.get("main_process_ip")
@@ -134,15 +154,34 @@ def gather_facts(config: dict | None = None, main_addr: str | None = None, main_
     interfaces = list_interfaces()
     local = {a for i in interfaces for a in i["addresses"]} | {"127.0.0.1", "::1"}
     versions = gather_versions()
-    cfg_keys = ("num_machines", "num_processes", "machine_rank", "main_process_ip", "main_process_port", "use_cpu")
+    cfg_keys = (
+        "num_machines",
+        "num_processes",
+        "machine_rank",
+        "main_process_ip",
+        "main_process_port",
+        "use_cpu",
+    )
     facts: dict[str, Any] = {
-        "host": socket.gethostname(), "versions": versions, "fingerprint": fingerprint(versions),
-        "gpus": gather_gpus(), "config": {k: cfg.get(k) for k in cfg_keys} if cfg else None,
-        "main_addr": main_addr, "main_port": main_port, "node_rank": node_rank,
-        "interfaces": interfaces, "infiniband": list_infiniband(),
-        "nccl_socket_ifname": env.get("NCCL_SOCKET_IFNAME"), "nccl_ib_disable": env.get("NCCL_IB_DISABLE"),
-        "resolved": [], "resolve_error": None, "route_source": None, "is_main": node_rank == 0,
-        "port_problem": None, "disk": None, "owns_main_addr": None,
+        "host": socket.gethostname(),
+        "versions": versions,
+        "fingerprint": fingerprint(versions),
+        "gpus": gather_gpus(),
+        "config": {k: cfg.get(k) for k in cfg_keys} if cfg else None,
+        "main_addr": main_addr,
+        "main_port": main_port,
+        "node_rank": node_rank,
+        "interfaces": interfaces,
+        "infiniband": list_infiniband(),
+        "nccl_socket_ifname": env.get("NCCL_SOCKET_IFNAME"),
+        "nccl_ib_disable": env.get("NCCL_IB_DISABLE"),
+        "resolved": [],
+        "resolve_error": None,
+        "route_source": None,
+        "is_main": node_rank == 0,
+        "port_problem": None,
+        "disk": None,
+        "owns_main_addr": None,
     }
     if main_addr:
         facts["resolved"], facts["resolve_error"] = resolve(main_addr)
@@ -162,8 +201,12 @@ def check_versions(facts: dict) -> Check:
     line = ", ".join(f"{k} {v.get(k) or '-'}" for k in VERSION_KEYS)
     missing = [k for k in ("torch", "deepspeed", "accelerate") if not v.get(k)]
     if missing:
-        return Check("versions", "fail", f"{', '.join(missing)} not installed ({line})",
-                     f"pip install {' '.join(missing)} in this node's environment")
+        return Check(
+            "versions",
+            "fail",
+            f"{', '.join(missing)} not installed ({line})",
+            f"pip install {' '.join(missing)} in this node's environment",
+        )
     return Check("versions", "pass", f"{line}; fingerprint {facts['fingerprint']}")
 
 
@@ -172,11 +215,19 @@ def check_compare(facts: dict, other: dict) -> Check:
     diffs = [k for k in VERSION_KEYS if (mine.get(k) or None) != (theirs.get(k) or None)]
     host = other.get("host", "the other node")
     if not diffs:
-        return Check("compare", "pass", f"same stack as {host} (fingerprint {facts['fingerprint']})")
-    listed = "; ".join(f"{k} {mine.get(k) or '-'} here vs {theirs.get(k) or '-'} on {host}" for k in diffs)
+        return Check(
+            "compare", "pass", f"same stack as {host} (fingerprint {facts['fingerprint']})"
+        )
+    listed = "; ".join(
+        f"{k} {mine.get(k) or '-'} here vs {theirs.get(k) or '-'} on {host}" for k in diffs
+    )
     bad = [k for k in diffs if k in CRITICAL_VERSIONS]
-    return Check("compare", "fail" if bad else "warn", listed,
-                 "install the same versions on every node (one container image or lock file)")
+    return Check(
+        "compare",
+        "fail" if bad else "warn",
+        listed,
+        "install the same versions on every node (one container image or lock file)",
+    )
 
 
 def check_gpus(facts: dict) -> Check:
@@ -184,21 +235,35 @@ def check_gpus(facts: dict) -> Check:
     names = ", ".join(sorted(set(facts["gpus"]["names"]))) or "none"
     if not cfg:
         if count == 0:
-            return Check("gpus", "warn", "no CUDA GPU visible: training would run on CPU",
-                         "check `nvidia-smi` and CUDA_VISIBLE_DEVICES")
+            return Check(
+                "gpus",
+                "warn",
+                "no CUDA GPU visible: training would run on CPU",
+                "check `nvidia-smi` and CUDA_VISIBLE_DEVICES",
+            )
         return Check("gpus", "pass", f"{count} visible ({names})")
     if cfg.get("use_cpu"):
         return Check("gpus", "pass", f"CPU run (use_cpu: true); {count} GPU(s) visible")
     machines, total = cfg.get("num_machines") or 1, cfg.get("num_processes") or 1
     per_node = total // machines
-    where = f"accelerate.yaml wants {per_node} per node (num_processes {total} over {machines} node(s))"
+    where = (
+        f"accelerate.yaml wants {per_node} per node (num_processes {total} over {machines} node(s))"
+    )
     if count < per_node:
-        return Check("gpus", "fail", f"{count} visible, {where}",
-                     "fix CUDA_VISIBLE_DEVICES / the allocation, or regenerate with --gpus-per-node "
-                     f"{max(count, 1)}")
+        return Check(
+            "gpus",
+            "fail",
+            f"{count} visible, {where}",
+            "fix CUDA_VISIBLE_DEVICES / the allocation, or regenerate with --gpus-per-node "
+            f"{max(count, 1)}",
+        )
     if count > per_node:
-        return Check("gpus", "warn", f"{count} visible ({names}), {where}: {count - per_node} idle",
-                     "regenerate the config with --gpus-per-node to use them all")
+        return Check(
+            "gpus",
+            "warn",
+            f"{count} visible ({names}), {where}: {count - per_node} idle",
+            "regenerate the config with --gpus-per-node to use them all",
+        )
     return Check("gpus", "pass", f"{count} visible ({names}), matches the config")
 
 
@@ -230,11 +295,19 @@ def check_disk(facts: dict) -> Check | None:
             "fix its permissions, or choose a directory this user can write",
         )
     if need is not None and free < need:
-        return Check("disk", "fail", f"{free} GiB free at {disk['path']}, checkpoints need {need} GiB",
-                     "point --checkpoint-dir at a larger disk or keep fewer checkpoints")
+        return Check(
+            "disk",
+            "fail",
+            f"{free} GiB free at {disk['path']}, checkpoints need {need} GiB",
+            "point --checkpoint-dir at a larger disk or keep fewer checkpoints",
+        )
     if need is None and free < LOW_DISK_GIB:
-        return Check("disk", "warn", f"only {free} GiB free at {disk['path']}",
-                     "a checkpoint with optimizer states is ~16 bytes per parameter; pass --need-gib to check")
+        return Check(
+            "disk",
+            "warn",
+            f"only {free} GiB free at {disk['path']}",
+            "a checkpoint with optimizer states is ~16 bytes per parameter; pass --need-gib to check",
+        )
     return Check("disk", "pass", f"{free} GiB free at {disk['path']}")
 
 
@@ -243,13 +316,21 @@ def check_main_addr(facts: dict) -> Check | None:
     if not addr:
         return None
     if facts["resolve_error"]:
-        return Check("main address", "fail", f"{addr} does not resolve ({facts['resolve_error']})",
-                     "use node 0's IP address, or fix DNS / /etc/hosts on this node")
+        return Check(
+            "main address",
+            "fail",
+            f"{addr} does not resolve ({facts['resolve_error']})",
+            "use node 0's IP address, or fix DNS / /etc/hosts on this node",
+        )
     machines = (facts["config"] or {}).get("num_machines") or 1
     loopback = all(a.startswith("127.") or a == "::1" for a in facts["resolved"])
     if machines > 1 and loopback:
-        return Check("main address", "fail", f"{addr} is this machine's loopback: other nodes cannot reach it",
-                     "set main_process_ip / --main-addr to node 0's address on the network the nodes share")
+        return Check(
+            "main address",
+            "fail",
+            f"{addr} is this machine's loopback: other nodes cannot reach it",
+            "set main_process_ip / --main-addr to node 0's address on the network the nodes share",
+        )
     if facts.get("node_rank") == 0 and facts.get("owns_main_addr") is False:
         mine = sorted(
             {a for i in facts["interfaces"] for a in i["addresses"] if not a.startswith("127.")}
@@ -272,11 +353,19 @@ def check_port(facts: dict) -> Check | None:
     if not port:
         return None
     if not facts["is_main"]:
-        return Check("main port", "pass", f"not the main node; prove {facts['main_addr']}:{port} is reachable with "
-                     f"`zerofit doctor --serve {port}` there and `--connect {facts['main_addr']}:{port}` here")
+        return Check(
+            "main port",
+            "pass",
+            f"not the main node; prove {facts['main_addr']}:{port} is reachable with "
+            f"`zerofit doctor --serve {port}` there and `--connect {facts['main_addr']}:{port}` here",
+        )
     if facts["port_problem"]:
-        return Check("main port", "fail", f"port {port} on this (main) node: {facts['port_problem']}",
-                     f"pick another main_process_port, or stop what holds it (`ss -ltnp 'sport = :{port}'`)")
+        return Check(
+            "main port",
+            "fail",
+            f"port {port} on this (main) node: {facts['port_problem']}",
+            f"pick another main_process_port, or stop what holds it (`ss -ltnp 'sport = :{port}'`)",
+        )
     return Check("main port", "pass", f"port {port} is free on this (main) node")
 
 
@@ -287,7 +376,11 @@ def route_interface(facts: dict) -> str | None:
 
 
 def check_interfaces(facts: dict) -> Check:
-    up = [i for i in facts["interfaces"] if not i["loopback"] and i["addresses"] and i["state"] in ("up", "unknown")]
+    up = [
+        i
+        for i in facts["interfaces"]
+        if not i["loopback"] and i["addresses"] and i["state"] in ("up", "unknown")
+    ]
     chosen, names = facts["nccl_socket_ifname"], [i["name"] for i in facts["interfaces"]]
     route = route_interface(facts)
     if chosen:
@@ -295,43 +388,84 @@ def check_interfaces(facts: dict) -> Check:
         exact = chosen.startswith("=") or chosen.startswith("^=")
         hits = [n for n in names for w in wanted if (n == w if exact else n.startswith(w))]
         if not chosen.startswith("^") and not hits:
-            return Check("interfaces", "fail", f"NCCL_SOCKET_IFNAME={chosen} matches none of {', '.join(names)}",
-                         f"export NCCL_SOCKET_IFNAME={route or (up[0]['name'] if up else 'eth0')}")
-        return Check("interfaces", "pass", f"NCCL_SOCKET_IFNAME={chosen} matches {', '.join(hits) or 'by exclusion'}")
+            return Check(
+                "interfaces",
+                "fail",
+                f"NCCL_SOCKET_IFNAME={chosen} matches none of {', '.join(names)}",
+                f"export NCCL_SOCKET_IFNAME={route or (up[0]['name'] if up else 'eth0')}",
+            )
+        return Check(
+            "interfaces",
+            "pass",
+            f"NCCL_SOCKET_IFNAME={chosen} matches {', '.join(hits) or 'by exclusion'}",
+        )
     if not up:
-        return Check("interfaces", "warn", "no non-loopback interface is up",
-                     "single-machine only: other nodes cannot reach this one")
+        return Check(
+            "interfaces",
+            "warn",
+            "no non-loopback interface is up",
+            "single-machine only: other nodes cannot reach this one",
+        )
     names_up = [i["name"] for i in up]
     pick = route if route in names_up else names_up[0]
     if len(up) > 1:
-        return Check("interfaces", "warn", f"{len(up)} usable interfaces ({', '.join(names_up)}) and "
-                     "NCCL_SOCKET_IFNAME unset: NCCL may pick one the other nodes cannot reach",
-                     f"export NCCL_SOCKET_IFNAME={pick}" + (" (it routes to the main node)" if pick == route else ""))
+        return Check(
+            "interfaces",
+            "warn",
+            f"{len(up)} usable interfaces ({', '.join(names_up)}) and "
+            "NCCL_SOCKET_IFNAME unset: NCCL may pick one the other nodes cannot reach",
+            f"export NCCL_SOCKET_IFNAME={pick}"
+            + (" (it routes to the main node)" if pick == route else ""),
+        )
     return Check("interfaces", "pass", f"{pick} is the only usable interface")
 
 
 def check_infiniband(facts: dict) -> Check:
     devices, machines = facts["infiniband"], (facts["config"] or {}).get("num_machines") or 1
-    active = [f"{d['name']} port {p}" for d in devices for p, s in d["ports"].items() if s.upper() == "ACTIVE"]
+    active = [
+        f"{d['name']} port {p}"
+        for d in devices
+        for p, s in d["ports"].items()
+        if s.upper() == "ACTIVE"
+    ]
     if active and facts["nccl_ib_disable"] == "1":
-        return Check("infiniband", "warn", f"{', '.join(active)} active but NCCL_IB_DISABLE=1",
-                     "unset NCCL_IB_DISABLE so NCCL uses InfiniBand")
+        return Check(
+            "infiniband",
+            "warn",
+            f"{', '.join(active)} active but NCCL_IB_DISABLE=1",
+            "unset NCCL_IB_DISABLE so NCCL uses InfiniBand",
+        )
     if active:
         return Check("infiniband", "pass", f"{', '.join(active)} active")
     if devices:
-        return Check("infiniband", "warn", f"{', '.join(d['name'] for d in devices)} present, no port ACTIVE",
-                     "check the cable / subnet manager (`ibstat`); NCCL falls back to TCP")
+        return Check(
+            "infiniband",
+            "warn",
+            f"{', '.join(d['name'] for d in devices)} present, no port ACTIVE",
+            "check the cable / subnet manager (`ibstat`); NCCL falls back to TCP",
+        )
     if machines > 1:
-        return Check("infiniband", "warn", "no InfiniBand device: NCCL talks TCP between nodes",
-                     "expected on Ethernet clusters; large models train much slower across nodes")
+        return Check(
+            "infiniband",
+            "warn",
+            "no InfiniBand device: NCCL talks TCP between nodes",
+            "expected on Ethernet clusters; large models train much slower across nodes",
+        )
     return Check("infiniband", "pass", "none (not needed on one node)")
 
 
 def run_checks(facts: dict, other: dict | None = None) -> list[Check]:
     """Every applicable check, in report order."""
-    checks = [check_versions(facts), check_compare(facts, other) if other else None, check_gpus(facts),
-              check_disk(facts), check_main_addr(facts), check_port(facts), check_interfaces(facts),
-              check_infiniband(facts)]
+    checks = [
+        check_versions(facts),
+        check_compare(facts, other) if other else None,
+        check_gpus(facts),
+        check_disk(facts),
+        check_main_addr(facts),
+        check_port(facts),
+        check_interfaces(facts),
+        check_infiniband(facts),
+    ]
     return [c for c in checks if c is not None]
 
 
@@ -359,5 +493,11 @@ def render_report(facts: dict, checks: list[Check]) -> str:
 
 def build_report(facts: dict, checks: list[Check]) -> dict:
     """The ``--json`` document; another node's ``--compare`` reads its ``versions``."""
-    return {"host": facts["host"], "fingerprint": facts["fingerprint"], "versions": facts["versions"],
-            "ok": not any(c.status == "fail" for c in checks), "checks": [asdict(c) for c in checks], "facts": facts}
+    return {
+        "host": facts["host"],
+        "fingerprint": facts["fingerprint"],
+        "versions": facts["versions"],
+        "ok": not any(c.status == "fail" for c in checks),
+        "checks": [asdict(c) for c in checks],
+        "facts": facts,
+    }

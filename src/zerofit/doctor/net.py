@@ -5,6 +5,7 @@ The handshake is one line each way over TCP: the client sends ``ZEROFIT-DOCTOR <
 server answers ``OK <hostname>`` (or ``BAD-TOKEN``), so a different service that happens to listen
 on the port is not mistaken for a working path. Every socket call has a bounded timeout.
 """
+
 from __future__ import annotations
 
 import errno
@@ -26,9 +27,17 @@ def list_interfaces(sys_net: str = "/sys/class/net") -> list[dict]:
         state = _read(base / "operstate") or "unknown"
         speed = _read(base / "speed")
         addr = _ipv4_of(name)
-        result.append({"name": name, "addresses": [addr] if addr else [], "state": state,
-                       "loopback": name == "lo" or (addr or "").startswith("127."),
-                       "speed_mbit": int(speed) if speed and speed.lstrip("-").isdigit() and int(speed) > 0 else None})
+        result.append(
+            {
+                "name": name,
+                "addresses": [addr] if addr else [],
+                "state": state,
+                "loopback": name == "lo" or (addr or "").startswith("127."),
+                "speed_mbit": (
+                    int(speed) if speed and speed.lstrip("-").isdigit() and int(speed) > 0 else None
+                ),
+            }
+        )
     return result
 
 
@@ -36,7 +45,10 @@ def list_infiniband(sys_ib: str = "/sys/class/infiniband") -> list[dict]:
     """InfiniBand / RoCE devices with each port's state (empty without any)."""
     devices = []
     for dev in sorted(Path(sys_ib).glob("*")):
-        ports = {p.name: (_read(p / "state") or "?").split(":")[-1].strip() for p in sorted((dev / "ports").glob("*"))}
+        ports = {
+            p.name: (_read(p / "state") or "?").split(":")[-1].strip()
+            for p in sorted((dev / "ports").glob("*"))
+        }
         devices.append({"name": dev.name, "ports": ports})
     return devices
 
@@ -64,7 +76,9 @@ def resolve(addr: str) -> tuple[list[str], str | None]:
 def port_in_use(port: int, host: str = "") -> str | None:
     """None when ``port`` can be bound here (as the rendezvous store will), else the reason."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # ignore TIME_WAIT leftovers, like TCPStore
+        s.setsockopt(
+            socket.SOL_SOCKET, socket.SO_REUSEADDR, 1
+        )  # ignore TIME_WAIT leftovers, like TCPStore
         try:
             s.bind((host, port))
         except OSError as exc:
@@ -126,20 +140,36 @@ def connect(addr: str, port: int, token: str, timeout: float) -> tuple[bool, str
             conn.sendall(f"{HELLO} {token}\n".encode())
             reply = conn.makefile("r").readline().strip()
     except ConnectionRefusedError:
-        return False, (f"nothing listens on {where} (fix: run `zerofit doctor --serve {port}` on that node "
-                       "first; if it is running, a firewall rejects the port)")
+        return False, (
+            f"nothing listens on {where} (fix: run `zerofit doctor --serve {port}` on that node "
+            "first; if it is running, a firewall rejects the port)"
+        )
     except socket.timeout:
-        return False, (f"no answer from {where} within {timeout:g} s (fix: a firewall drops the packets or the "
-                       "address is not reachable from this node; check the route and NCCL_SOCKET_IFNAME)")
+        return False, (
+            f"no answer from {where} within {timeout:g} s (fix: a firewall drops the packets or the "
+            "address is not reachable from this node; check the route and NCCL_SOCKET_IFNAME)"
+        )
     except socket.gaierror as exc:
-        return False, f"cannot resolve {addr}: {exc.strerror} (fix: use an IP address or fix DNS / /etc/hosts)"
+        return (
+            False,
+            f"cannot resolve {addr}: {exc.strerror} (fix: use an IP address or fix DNS / /etc/hosts)",
+        )
     except OSError as exc:
-        return False, f"cannot reach {where}: {exc.strerror or exc} (fix: check the address and the route)"
+        return (
+            False,
+            f"cannot reach {where}: {exc.strerror or exc} (fix: check the address and the route)",
+        )
     if reply.startswith("OK"):
         return True, f"reached {where} ({reply[3:] or 'peer'}) and completed the handshake"
     if reply == "BAD-TOKEN":
-        return False, f"{where} answered with a different --token (fix: use the same --token on both nodes)"
-    return False, f"{where} is another service, not `zerofit doctor --serve` (fix: pick a free port)"
+        return (
+            False,
+            f"{where} answered with a different --token (fix: use the same --token on both nodes)",
+        )
+    return (
+        False,
+        f"{where} is another service, not `zerofit doctor --serve` (fix: pick a free port)",
+    )
 
 
 def connect_until(addr: str, port: int, token: str, timeout: float) -> tuple[bool, str]:

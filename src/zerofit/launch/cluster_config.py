@@ -1,6 +1,7 @@
 """accelerate.yaml (ClusterConfig) -> LaunchSpec: the config files' rules, their DeepSpeed environment,
 and the merge with command-line flags. Pure: the caller reads the YAML files.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -31,37 +32,67 @@ def validate_cluster_configs(configs: list[dict[str, Any]]) -> dict[str, Any]:
     if not configs:
         raise ZerofitError("config", "no accelerate config given", "pass --config accelerate.yaml")
     first = configs[0]
-    for key in ("num_machines", "num_processes", "main_process_ip", "main_process_port", "distributed_type"):
+    for key in (
+        "num_machines",
+        "num_processes",
+        "main_process_ip",
+        "main_process_port",
+        "distributed_type",
+    ):
         values = [c.get(key) for c in configs]
         if len(set(map(str, values))) > 1:
-            raise ZerofitError(key, f"differs between the config files ({', '.join(map(str, values))})",
-                               f"set the same {key} in every node's accelerate.yaml")
+            raise ZerofitError(
+                key,
+                f"differs between the config files ({', '.join(map(str, values))})",
+                f"set the same {key} in every node's accelerate.yaml",
+            )
     machines = first.get("num_machines", 1)
     total = first.get("num_processes", 1)
     for key, value in (("num_machines", machines), ("num_processes", total)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ZerofitError(key, f"{value!r} must be a positive integer", f"fix {key} in accelerate.yaml")
+            raise ZerofitError(
+                key, f"{value!r} must be a positive integer", f"fix {key} in accelerate.yaml"
+            )
     if total % machines:
-        raise ZerofitError("num_processes", f"{total} (total over all nodes) is not divisible by "
-                           f"num_machines {machines}", "num_processes counts every GPU of every node: use N x M")
+        raise ZerofitError(
+            "num_processes",
+            f"{total} (total over all nodes) is not divisible by " f"num_machines {machines}",
+            "num_processes counts every GPU of every node: use N x M",
+        )
     if len(configs) > 1:
         ranks = [c.get("machine_rank", 0) for c in configs]
         if len(configs) != machines:
-            raise ZerofitError("config", f"{len(configs)} config files for num_machines {machines}",
-                               "give one file per node, or one shared file")
+            raise ZerofitError(
+                "config",
+                f"{len(configs)} config files for num_machines {machines}",
+                "give one file per node, or one shared file",
+            )
         if sorted(ranks) != list(range(machines)):
-            raise ZerofitError("machine_rank", f"ranks {ranks} are not unique and 0..{machines - 1}",
-                               "give each node's file its own machine_rank, starting at 0")
+            raise ZerofitError(
+                "machine_rank",
+                f"ranks {ranks} are not unique and 0..{machines - 1}",
+                "give each node's file its own machine_rank, starting at 0",
+            )
         if ranks != list(range(machines)):
-            raise ZerofitError("machine_rank", f"files are in rank order {ranks}",
-                               "list the config files by machine_rank: node 0's first")
+            raise ZerofitError(
+                "machine_rank",
+                f"files are in rank order {ranks}",
+                "list the config files by machine_rank: node 0's first",
+            )
     return first
 
 
 # Keys `accelerate launch` refuses next to a deepspeed_config_file (the JSON decides them).
-_IGNORED_WITH_DS_FILE = ("gradient_accumulation_steps", "gradient_clipping", "zero_stage", "offload_optimizer_device",
-                         "offload_param_device", "offload_param_nvme_path", "offload_optimizer_nvme_path",
-                         "zero3_save_16bit_model")
+_IGNORED_WITH_DS_FILE = (
+    "gradient_accumulation_steps",
+    "gradient_clipping",
+    "zero_stage",
+    "offload_optimizer_device",
+    "offload_param_device",
+    "offload_param_nvme_path",
+    "offload_optimizer_nvme_path",
+    "zero3_save_16bit_model",
+)
 
 
 def check_ds_file_conflicts(config: dict[str, Any]) -> None:
@@ -69,10 +100,16 @@ def check_ds_file_conflicts(config: dict[str, Any]) -> None:
     ds = config.get("deepspeed_config") or {}
     if config.get("distributed_type") != "DEEPSPEED" or not ds.get("deepspeed_config_file"):
         return
-    clash = [k for k in _IGNORED_WITH_DS_FILE if k in ds] + (["mixed_precision"] if "mixed_precision" in config else [])
+    clash = [k for k in _IGNORED_WITH_DS_FILE if k in ds] + (
+        ["mixed_precision"] if "mixed_precision" in config else []
+    )
     if clash:
-        raise ZerofitError("config", f"accelerate.yaml sets {', '.join(clash)} next to deepspeed_config_file, "
-                           "which `accelerate launch` refuses", "remove them; the DeepSpeed JSON decides")
+        raise ZerofitError(
+            "config",
+            f"accelerate.yaml sets {', '.join(clash)} next to deepspeed_config_file, "
+            "which `accelerate launch` refuses",
+            "remove them; the DeepSpeed JSON decides",
+        )
 
 
 def build_accelerate_env(config: dict[str, Any]) -> dict[str, str]:
@@ -93,10 +130,19 @@ def build_accelerate_env(config: dict[str, Any]) -> dict[str, str]:
     return env
 
 
-def build_spec(configs: list[dict[str, Any]] = (), config_paths: tuple[str, ...] = (), *,
-               style: str | None = None, nodes: int | None = None, procs_per_node: int | None = None,
-               main_addr: str | None = None, main_port: int | None = None, script: str = "",
-               script_args: tuple[str, ...] = (), **extra: Any) -> tuple[LaunchSpec, list[str]]:
+def build_spec(
+    configs: list[dict[str, Any]] = (),
+    config_paths: tuple[str, ...] = (),
+    *,
+    style: str | None = None,
+    nodes: int | None = None,
+    procs_per_node: int | None = None,
+    main_addr: str | None = None,
+    main_port: int | None = None,
+    script: str = "",
+    script_args: tuple[str, ...] = (),
+    **extra: Any,
+) -> tuple[LaunchSpec, list[str]]:
     """Merge accelerate YAML(s) and flags into a validated spec, plus warnings for the user.
 
     Flags may restate the config but not contradict its sizes: the DeepSpeed JSON's batch
@@ -109,29 +155,52 @@ def build_spec(configs: list[dict[str, Any]] = (), config_paths: tuple[str, ...]
         shared = validate_cluster_configs(list(configs))
         cfg_nodes = shared.get("num_machines", 1)
         cfg_procs = shared.get("num_processes", 1) // cfg_nodes
-        for flag, given, expected in (("nodes", nodes, cfg_nodes), ("gpus_per_node", procs_per_node, cfg_procs)):
+        for flag, given, expected in (
+            ("nodes", nodes, cfg_nodes),
+            ("gpus_per_node", procs_per_node, cfg_procs),
+        ):
             if given is not None and given != expected:
-                raise ZerofitError(flag, f"{given} disagrees with accelerate.yaml ({expected}; num_processes there is"
-                                   " the total of all nodes)", "regenerate with `zerofit config` or drop the flag")
+                raise ZerofitError(
+                    flag,
+                    f"{given} disagrees with accelerate.yaml ({expected}; num_processes there is"
+                    " the total of all nodes)",
+                    "regenerate with `zerofit config` or drop the flag",
+                )
         nodes, procs_per_node = cfg_nodes, cfg_procs
         cfg_addr, cfg_port = shared.get("main_process_ip"), shared.get("main_process_port")
-        for name, flag, value in (("main address", main_addr, cfg_addr), ("main port", main_port, cfg_port)):
+        for name, flag, value in (
+            ("main address", main_addr, cfg_addr),
+            ("main port", main_port, cfg_port),
+        ):
             if flag is not None and value is not None and str(flag) != str(value):
-                warnings.append(f"{name}: using {flag} from the command line, not {value} from accelerate.yaml")
+                warnings.append(
+                    f"{name}: using {flag} from the command line, not {value} from accelerate.yaml"
+                )
         main_addr = main_addr or cfg_addr
         main_port = main_port if main_port is not None else cfg_port
         use_ds = shared.get("distributed_type") == "DEEPSPEED"
         env = build_accelerate_env(shared)
         if extra.get("rdzv_backend") is None:
             extra["rdzv_backend"] = shared.get("rdzv_backend") or "static"
-        launcher = (shared.get("deepspeed_config") or {}).get("deepspeed_multinode_launcher") or "pdsh"
-        if use_ds and nodes > 1 and launcher != "standard" and (style or "accelerate") == "accelerate":
-            warnings.append(f"accelerate.yaml sets deepspeed_multinode_launcher: {launcher}, which needs pdsh, "
-                            "passwordless ssh and a hostfile; the node scripts pass "
-                            "--deepspeed_multinode_launcher standard (torchrun on each node) instead")
+        launcher = (shared.get("deepspeed_config") or {}).get(
+            "deepspeed_multinode_launcher"
+        ) or "pdsh"
+        if (
+            use_ds
+            and nodes > 1
+            and launcher != "standard"
+            and (style or "accelerate") == "accelerate"
+        ):
+            warnings.append(
+                f"accelerate.yaml sets deepspeed_multinode_launcher: {launcher}, which needs pdsh, "
+                "passwordless ssh and a hostfile; the node scripts pass "
+                "--deepspeed_multinode_launcher standard (torchrun on each node) instead"
+            )
     if nodes is None or procs_per_node is None:
         missing = "nodes" if nodes is None else "gpus_per_node"
-        raise ZerofitError(missing, "is not given", "pass --nodes N --gpus-per-node M, or --config accelerate.yaml")
+        raise ZerofitError(
+            missing, "is not given", "pass --nodes N --gpus-per-node M, or --config accelerate.yaml"
+        )
     style = style or ("accelerate" if configs else "torchrun")
     if configs and style in ("accelerate", "slurm"):
         check_ds_file_conflicts(configs[0])
@@ -144,14 +213,31 @@ def build_spec(configs: list[dict[str, Any]] = (), config_paths: tuple[str, ...]
         elif style == "slurm" or nodes == 1:
             main_addr = "127.0.0.1"  # slurm reads the real one from scontrol at run time
         else:
-            raise ZerofitError("main_addr", f"is needed for {nodes} nodes",
-                               "pass --main-addr with node 0's address on the network the nodes share")
-    if nodes > 1 and style != "slurm" and (main_addr == "localhost" or str(main_addr).startswith("127.")
-                                           or main_addr == "::1"):
-        warnings.append(f"main address {main_addr} is loopback: only a single machine can reach it "
-                        "(fine for a local test); pass --main-addr with node 0's address on the shared network")
-    spec = LaunchSpec(nodes=nodes, procs_per_node=procs_per_node, main_addr=str(main_addr),
-                      main_port=29500 if main_port is None else main_port, script=script,
-                      script_args=tuple(script_args), style=style, config_files=tuple(config_paths),
-                      use_deepspeed=use_ds, accelerate_env=tuple(env.items()), **extra)
+            raise ZerofitError(
+                "main_addr",
+                f"is needed for {nodes} nodes",
+                "pass --main-addr with node 0's address on the network the nodes share",
+            )
+    if (
+        nodes > 1
+        and style != "slurm"
+        and (main_addr == "localhost" or str(main_addr).startswith("127.") or main_addr == "::1")
+    ):
+        warnings.append(
+            f"main address {main_addr} is loopback: only a single machine can reach it "
+            "(fine for a local test); pass --main-addr with node 0's address on the shared network"
+        )
+    spec = LaunchSpec(
+        nodes=nodes,
+        procs_per_node=procs_per_node,
+        main_addr=str(main_addr),
+        main_port=29500 if main_port is None else main_port,
+        script=script,
+        script_args=tuple(script_args),
+        style=style,
+        config_files=tuple(config_paths),
+        use_deepspeed=use_ds,
+        accelerate_env=tuple(env.items()),
+        **extra,
+    )
     return validate_spec(spec), warnings

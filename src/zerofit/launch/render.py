@@ -3,6 +3,7 @@
 Every value goes through shlex.quote, so a hostile path or argument stays one inert word; only
 ShellVar tokens (``"$SLURM_NODEID"``) are left for the shell to expand on each node.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -21,6 +22,7 @@ from zerofit.launch.commands import (
     validate_spec,
 )
 
+
 def quote_cmd(cmd: list[str], tail: int = 0, indent: str = "  ") -> str:
     """One shell command: a flag and its value per line, the last ``tail`` words (script, args) together."""
     words = [w if isinstance(w, ShellVar) else shlex.quote(w) for w in cmd]
@@ -29,7 +31,7 @@ def quote_cmd(cmd: list[str], tail: int = 0, indent: str = "  ") -> str:
     lines, i = [" ".join(words[:head])], head
     while i < end:
         pair = cmd[i].startswith("-") and i + 1 < end and not cmd[i + 1].startswith("-")
-        lines.append(" ".join(words[i:i + 2]) if pair else words[i])
+        lines.append(" ".join(words[i : i + 2]) if pair else words[i])
         i += 2 if pair else 1
     if tail:
         lines.append(" ".join(words[end:]))
@@ -39,15 +41,18 @@ def quote_cmd(cmd: list[str], tail: int = 0, indent: str = "  ") -> str:
 def render_nccl_block(spec: LaunchSpec) -> str:
     """Recommended NCCL / timeout settings as commented, editable lines."""
     minutes = max(1, -(-spec.timeout // 60))
-    return "\n".join([
-        "# --- NCCL and timeouts: uncomment and edit (`zerofit doctor` lists this node's interfaces)",
-        "# export NCCL_DEBUG=INFO                     # log which transport/interface NCCL picks; WARN once it works",
-        "# export NCCL_SOCKET_IFNAME=eth0             # <-- edit: the interface on the network the nodes share",
-        "# export GLOO_SOCKET_IFNAME=eth0             # <-- edit: the same for gloo (CPU runs, some barriers)",
-        "# export NCCL_IB_DISABLE=1                   # only when InfiniBand is absent or misbehaving",
-        "# export TORCH_NCCL_ASYNC_ERROR_HANDLING=1   # abort on a failed collective instead of hanging",
-        f"# export DEEPSPEED_TIMEOUT={minutes}".ljust(45) + "# minutes a DeepSpeed collective waits for a lost peer",
-    ])
+    return "\n".join(
+        [
+            "# --- NCCL and timeouts: uncomment and edit (`zerofit doctor` lists this node's interfaces)",
+            "# export NCCL_DEBUG=INFO                     # log which transport/interface NCCL picks; WARN once it works",
+            "# export NCCL_SOCKET_IFNAME=eth0             # <-- edit: the interface on the network the nodes share",
+            "# export GLOO_SOCKET_IFNAME=eth0             # <-- edit: the same for gloo (CPU runs, some barriers)",
+            "# export NCCL_IB_DISABLE=1                   # only when InfiniBand is absent or misbehaving",
+            "# export TORCH_NCCL_ASYNC_ERROR_HANDLING=1   # abort on a failed collective instead of hanging",
+            f"# export DEEPSPEED_TIMEOUT={minutes}".ljust(45)
+            + "# minutes a DeepSpeed collective waits for a lost peer",
+        ]
+    )
 
 
 def _tail(spec: LaunchSpec) -> int:
@@ -88,39 +93,48 @@ def render_prelude(spec: LaunchSpec) -> str:
 
 
 def _header(spec: LaunchSpec, rank: int, what: str) -> str:
-    return "\n".join([
-        "#!/usr/bin/env bash",
-        f"# zerofit launch ({spec.style}): node {rank} of {spec.nodes}, {spec.procs_per_node} process(es) each,"
-        f" world size {spec.world_size}.",
-        f"# Run {what} on node {rank}; node 0 is the main node and must listen on {spec.main_addr}:{spec.main_port}.",
-        "# Every node's script shares the node count, main address and port; only the rank differs.",
-        "set -euo pipefail",
-        "",
-        render_prelude(spec),
-    ])
+    return "\n".join(
+        [
+            "#!/usr/bin/env bash",
+            f"# zerofit launch ({spec.style}): node {rank} of {spec.nodes}, {spec.procs_per_node} process(es) each,"
+            f" world size {spec.world_size}.",
+            f"# Run {what} on node {rank}; node 0 is the main node and must listen on {spec.main_addr}:{spec.main_port}.",
+            "# Every node's script shares the node count, main address and port; only the rank differs.",
+            "set -euo pipefail",
+            "",
+            render_prelude(spec),
+        ]
+    )
 
 
 def _run_and_report(cmd: str, rank: int) -> str:
-    return "\n".join([
-        "status=0",
-        f"{cmd} || status=$?",
-        'if [ "$status" -ne 0 ]; then',
-        f'  echo "zerofit: node {rank} failed with exit status $status (a peer that died or never joined'
-        ' shows up here too: read every node\'s log)" >&2',
-        "fi",
-        'exit "$status"',
-        "",
-    ])
+    return "\n".join(
+        [
+            "status=0",
+            f"{cmd} || status=$?",
+            'if [ "$status" -ne 0 ]; then',
+            f'  echo "zerofit: node {rank} failed with exit status $status (a peer that died or never joined'
+            ' shows up here too: read every node\'s log)" >&2',
+            "fi",
+            'exit "$status"',
+            "",
+        ]
+    )
 
 
 def render_node_script(spec: LaunchSpec, rank: int) -> str:
     """``node{rank}.sh`` for the accelerate, torchrun, torchrun-static and env styles."""
     parts = [_header(spec, rank, "this script"), render_nccl_block(spec), ""]
     if spec.style != "accelerate" and spec.accelerate_env:
-        parts += ["# DeepSpeed settings `accelerate launch` would export for accelerate.yaml",
-                  _exports(dict(spec.accelerate_env)), ""]
+        parts += [
+            "# DeepSpeed settings `accelerate launch` would export for accelerate.yaml",
+            _exports(dict(spec.accelerate_env)),
+            "",
+        ]
     if spec.style == "accelerate":
-        parts.append(_run_and_report(quote_cmd(build_accelerate_cmd(spec, rank), _tail(spec)), rank))
+        parts.append(
+            _run_and_report(quote_cmd(build_accelerate_cmd(spec, rank), _tail(spec)), rank)
+        )
     elif spec.style in ("torchrun", "torchrun-static"):
         cmd = build_torchrun_cmd(spec, rank, static=spec.style == "torchrun-static")
         parts.append(_run_and_report(quote_cmd(cmd, _tail(spec)), rank))
@@ -130,9 +144,16 @@ def render_node_script(spec: LaunchSpec, rank: int) -> str:
 
 
 def _render_env_body(spec: LaunchSpec, rank: int) -> str:
-    shared = {k: v for k, v in build_rank_env(spec, rank, 0).items() if k not in ("RANK", "LOCAL_RANK")}
-    lines = ["# torch.distributed env:// values shared by this node's processes", _exports(shared), "",
-             "# one process per local rank, each with its own RANK / LOCAL_RANK", "pids=()"]
+    shared = {
+        k: v for k, v in build_rank_env(spec, rank, 0).items() if k not in ("RANK", "LOCAL_RANK")
+    }
+    lines = [
+        "# torch.distributed env:// values shared by this node's processes",
+        _exports(shared),
+        "",
+        "# one process per local rank, each with its own RANK / LOCAL_RANK",
+        "pids=()",
+    ]
     cmd = " ".join(shlex.quote(w) for w in build_env_cmd(spec))
     for local in range(spec.procs_per_node):
         env = build_rank_env(spec, rank, local)
@@ -157,11 +178,17 @@ def _render_env_body(spec: LaunchSpec, rank: int) -> str:
 
 def _slurm_task(spec: LaunchSpec) -> str:
     """Each node's srun task: the launcher, the resume words, and a failure line naming the node."""
-    rank, addr, port = ShellVar('"$SLURM_NODEID"'), ShellVar('"$MAIN_ADDR"'), ShellVar('"$MAIN_PORT"')
+    rank, addr, port = (
+        ShellVar('"$SLURM_NODEID"'),
+        ShellVar('"$MAIN_ADDR"'),
+        ShellVar('"$MAIN_PORT"'),
+    )
     if spec.config_files:
         inner = build_accelerate_cmd(spec, rank, addr=addr, port=port)
     else:
-        inner = build_torchrun_cmd(spec, rank, addr=addr, port=port, job_id=ShellVar('"$SLURM_JOB_ID"'))
+        inner = build_torchrun_cmd(
+            spec, rank, addr=addr, port=port, job_id=ShellVar('"$SLURM_JOB_ID"')
+        )
         # node 0 hosts the c10d store: torch guesses it from the hostname and misses an address on a
         # second interface (elastic/rendezvous/utils.py, _matches_machine_hostname); Slurm knows
         conf = inner.index("--rdzv_conf") + 1

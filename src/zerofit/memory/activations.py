@@ -4,6 +4,7 @@ Pure arithmetic derived from what autograd keeps alive in transformers' modeling
 each term below names the op that saves the tensor. ``a`` is the element size of the compute
 dtype (2 for bf16/fp16, 4 for fp32). All functions return bytes.
 """
+
 from __future__ import annotations
 
 FP32 = 4
@@ -22,7 +23,7 @@ def layer_bytes_per_token(model, a: int, attention: str = "sdpa") -> int:
     down_proj): 4 tensors of the intermediate width.
     """
     h, heads, kv, d = model.hidden_size, model.num_heads, model.num_kv_heads, model.head_dim
-    norms = 2 * (FP32 * h + a * h) + 2 * a * h                   # two RMSNorms + their outputs
+    norms = 2 * (FP32 * h + a * h) + 2 * a * h  # two RMSNorms + their outputs
     if attention == "eager":
         # matmul/softmax path: k and v are repeated to every head (saved by the two matmuls),
         # only the contiguous output copy is saved; the s*s terms are in eager_scores_bytes.
@@ -66,8 +67,9 @@ def logits_peak_bytes_per_token(model, a: int) -> int:
     return max(forward, backward)
 
 
-def stored_activation_bytes(model, a: int, tokens: int, micro_batch: int, seq_len: int,
-                            attention: str, checkpointing: bool) -> int:
+def stored_activation_bytes(
+    model, a: int, tokens: int, micro_batch: int, seq_len: int, attention: str, checkpointing: bool
+) -> int:
     """Bytes autograd holds at the end of the forward, excluding the logits/loss path."""
     layers = model.num_layers
     if checkpointing:
@@ -80,7 +82,9 @@ def stored_activation_bytes(model, a: int, tokens: int, micro_batch: int, seq_le
     return layers * per_layer + final_bytes_per_token(model, a) * tokens
 
 
-def recompute_bytes(model, a: int, tokens: int, micro_batch: int, seq_len: int, attention: str) -> int:
+def recompute_bytes(
+    model, a: int, tokens: int, micro_batch: int, seq_len: int, attention: str
+) -> int:
     """One layer recomputed in backward under checkpointing, plus its gradient temporaries
     (grad of the hidden states in and out, and the widest MLP gradient)."""
     one = layer_bytes_per_token(model, a, attention) * tokens

@@ -2,6 +2,7 @@
 
 One source so the memory estimate counts exactly the buffers the written JSON asks for.
 """
+
 from __future__ import annotations
 
 # Stage 1/2: DeepSpeed's own defaults (5e8 elements). The calibration points were measured
@@ -17,7 +18,10 @@ STAGE3_MAX_REUSE_DISTANCE = 1_000_000_000
 def ds_bucket_sizes(hidden_size: int, stage: int) -> dict[str, int]:
     """Bucket/prefetch sizes (in elements) for ``zero_optimization`` at ``stage``."""
     if stage in (1, 2):
-        return {"reduce_bucket_size": STAGE12_REDUCE_BUCKET, "allgather_bucket_size": STAGE12_ALLGATHER_BUCKET}
+        return {
+            "reduce_bucket_size": STAGE12_REDUCE_BUCKET,
+            "allgather_bucket_size": STAGE12_ALLGATHER_BUCKET,
+        }
     if stage == 3:
         h2 = hidden_size * hidden_size
         return {

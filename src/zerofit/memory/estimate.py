@@ -14,6 +14,7 @@ What the GPU holds outside max_memory_allocated (CUDA context, allocator fragmen
 buffers, a colocated vLLM's share) is computed in ``overheads`` and added by ``gpu_need_bytes``;
 ``fits`` compares that total plus a small safety margin with the GPU's memory.
 """
+
 from __future__ import annotations
 
 import math
@@ -25,15 +26,18 @@ from zerofit.memory import overheads as oh
 from zerofit.memory import states as st
 from zerofit.memory.optimizers import host_step_temporary_bytes, resolve_optimizer
 
-GIB = 1024 ** 3
-CUDA_CONTEXT_BYTES = oh.CUDA_CONTEXT_BYTES   # measured: 0.514 GiB on an H100 before the model
+GIB = 1024**3
+CUDA_CONTEXT_BYTES = oh.CUDA_CONTEXT_BYTES  # measured: 0.514 GiB on an H100 before the model
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 
 # DeepSpeed's own defaults (what the calibration runs used: no bucket keys in their JSON).
 DEEPSPEED_DEFAULT_BUCKETS = {
-    "reduce_bucket_size": 500_000_000, "allgather_bucket_size": 500_000_000,
-    "stage3_prefetch_bucket_size": 50_000_000, "stage3_param_persistence_threshold": 100_000,
-    "stage3_max_live_parameters": 1_000_000_000, "stage3_max_reuse_distance": 1_000_000_000,
+    "reduce_bucket_size": 500_000_000,
+    "allgather_bucket_size": 500_000_000,
+    "stage3_prefetch_bucket_size": 50_000_000,
+    "stage3_param_persistence_threshold": 100_000,
+    "stage3_max_live_parameters": 1_000_000_000,
+    "stage3_max_reuse_distance": 1_000_000_000,
     "sub_group_size": 1_000_000_000,
 }
 
@@ -65,20 +69,21 @@ class TrainSetup:
     overlap_comm: bool = True
     buckets: dict | None = None
     # --- the training stack (see memory/optimizers.py and memory/losses.py for the sources)
-    stack: str = "accelerate"            # hf | accelerate | deepspeed
-    optimizer: str | None = None         # None: what the stack runs
-    ds_optimizer_block: bool = False     # the DeepSpeed JSON has an ``optimizer`` block
-    loss_kernel: str = "hf"              # hf | liger | trl_fused (losses.loss_path)
-    precompute_ref: bool = False         # dpo: reference log-probs computed before training
-    vllm_gpu_memory_utilization: float | None = None   # grpo: colocated vLLM's share of the GPU
-    steps_per_generation: int | None = None            # grpo: None = grad_accum (TRL default)
-    interconnect: str = "nvlink"         # intra-node link, sizes NCCL's channels
+    stack: str = "accelerate"  # hf | accelerate | deepspeed
+    optimizer: str | None = None  # None: what the stack runs
+    ds_optimizer_block: bool = False  # the DeepSpeed JSON has an ``optimizer`` block
+    loss_kernel: str = "hf"  # hf | liger | trl_fused (losses.loss_path)
+    precompute_ref: bool = False  # dpo: reference log-probs computed before training
+    vllm_gpu_memory_utilization: float | None = None  # grpo: colocated vLLM's share of the GPU
+    steps_per_generation: int | None = None  # grpo: None = grad_accum (TRL default)
+    interconnect: str = "nvlink"  # intra-node link, sizes NCCL's channels
 
     def bucket_sizes(self, hidden_size: int) -> dict:
         """Bucket sizes in elements: explicit ones, else what zerofit writes, over DS defaults."""
         if self.buckets is not None:
             return {**DEEPSPEED_DEFAULT_BUCKETS, **self.buckets}
         from zerofit.memory.ds_defaults import ds_bucket_sizes
+
         return {**DEEPSPEED_DEFAULT_BUCKETS, **ds_bucket_sizes(hidden_size, self.stage)}
 
     @property
@@ -93,22 +98,23 @@ class TrainSetup:
 
     @property
     def optimizer_impl(self) -> str:
-        return resolve_optimizer(self.stack, self.optimizer, self.offload_optimizer,
-                                 self.ds_optimizer_block)
+        return resolve_optimizer(
+            self.stack, self.optimizer, self.offload_optimizer, self.ds_optimizer_block
+        )
 
 
 @dataclass(frozen=True)
 class MemoryEstimate:
-    peak_bytes: int                       # per-GPU max_memory_allocated()
-    breakdown: dict[str, int]             # components of the peak phase; sums to peak_bytes
-    phase: str                            # which phase sets the peak
-    phases: dict[str, int] = field(default_factory=dict)   # every phase's total
-    cpu_bytes: int = 0                    # host RAM for offload, per node
+    peak_bytes: int  # per-GPU max_memory_allocated()
+    breakdown: dict[str, int]  # components of the peak phase; sums to peak_bytes
+    phase: str  # which phase sets the peak
+    phases: dict[str, int] = field(default_factory=dict)  # every phase's total
+    cpu_bytes: int = 0  # host RAM for offload, per node
     context_bytes: int = CUDA_CONTEXT_BYTES
-    allocator_bytes: int = 0              # caching-allocator fragmentation (overheads.py)
-    nccl_bytes: int = 0                   # NCCL communicator buffers per rank
-    vllm_fraction: float = 0.0            # colocated vLLM's share of the GPU
-    optimizer: str = "adamw_torch"        # the implementation that was assumed
+    allocator_bytes: int = 0  # caching-allocator fragmentation (overheads.py)
+    nccl_bytes: int = 0  # NCCL communicator buffers per rank
+    vllm_fraction: float = 0.0  # colocated vLLM's share of the GPU
+    optimizer: str = "adamw_torch"  # the implementation that was assumed
     loss_path: str = "hf"
 
     @property
@@ -121,9 +127,12 @@ class MemoryEstimate:
 
     def outside_bytes(self, capacity_gib: float) -> dict[str, int]:
         """What the GPU holds beyond max_memory_allocated, by term."""
-        return {"allocator_fragmentation": self.allocator_bytes, "nccl_buffers": self.nccl_bytes,
-                "cuda_context": self.context_bytes,
-                "vllm_reserved": int(self.vllm_fraction * capacity_gib * GIB)}
+        return {
+            "allocator_fragmentation": self.allocator_bytes,
+            "nccl_buffers": self.nccl_bytes,
+            "cuda_context": self.context_bytes,
+            "vllm_reserved": int(self.vllm_fraction * capacity_gib * GIB),
+        }
 
     def gpu_need_bytes(self, capacity_gib: float) -> int:
         """Everything the GPU has to hold: the allocated peak plus every outside term."""
@@ -138,8 +147,12 @@ class MemoryEstimate:
                 out[f"{name} (not in peak)"] = round(value / GIB, 3)
         return out
 
-    def fits(self, capacity_gib: float, headroom: float = 1.0,
-             safety_margin_gib: float = oh.DEFAULT_SAFETY_MARGIN_GIB) -> bool:
+    def fits(
+        self,
+        capacity_gib: float,
+        headroom: float = 1.0,
+        safety_margin_gib: float = oh.DEFAULT_SAFETY_MARGIN_GIB,
+    ) -> bool:
         """True when the allocated peak, every outside term and the safety margin stay within
         ``capacity_gib * headroom`` (headroom 1.0: the whole GPU; lower it to keep some free)."""
         need = self.gpu_need_bytes(capacity_gib) + safety_margin_gib * GIB
@@ -162,11 +175,14 @@ def estimate_memory(model, setup: TrainSetup) -> MemoryEstimate:
         # trl/models/utils.py:prepare_deepspeed: the reference keeps ZeRO-3 (sharded) only under
         # stage 3; any other stage is turned into stage 0, a full bit16 replica on every GPU
         ref_shard = math.ceil(model.params / s.world_size) if s.stage == 3 else model.params
-        resident["reference_model"] = 0 if (s.stage == 3 and s.offload_param != "none") else ref_shard * b
+        resident["reference_model"] = (
+            0 if (s.stage == 3 and s.offload_param != "none") else ref_shard * b
+        )
     live = {"live_params": st.stage3_live_params(model, s, b, buckets)}
 
-    stored = act.stored_activation_bytes(model, b, tokens, seqs, s.seq_len, s.attention,
-                                         s.gradient_checkpointing)
+    stored = act.stored_activation_bytes(
+        model, b, tokens, seqs, s.seq_len, s.attention, s.gradient_checkpointing
+    )
     loss_bytes = losses.train_loss_bytes(path, model, b, logit_tokens)
     phases: dict[str, dict[str, int]] = {}
     phases["forward"] = {**resident, **live, "activations": stored, "logits": loss_bytes}
@@ -180,8 +196,12 @@ def estimate_memory(model, setup: TrainSetup) -> MemoryEstimate:
     phases["step"] = _merge(resident, step)
     if s.uses_reference:
         one_layer = act.layer_bytes_per_token(model, b, s.attention) * tokens
-        reference = {**resident, **live, "activations": one_layer,
-                     "logits": losses.reference_loss_bytes(path, model, b, logit_tokens)}
+        reference = {
+            **resident,
+            **live,
+            "activations": one_layer,
+            "logits": losses.reference_loss_bytes(path, model, b, logit_tokens),
+        }
         if s.workload == "dpo":
             # the policy forward ran first and its graph waits for backward (losses.py:
             # policy_held_bytes); GRPO scores the reference while generating, before the policy
@@ -195,8 +215,14 @@ def estimate_memory(model, setup: TrainSetup) -> MemoryEstimate:
     totals = {name: sum(parts.values()) for name, parts in phases.items()}
     peak_phase = max(totals, key=totals.get)
     # blocks freed before the peak and split for smaller live tensors leave the unusable range
-    largest = max((_largest_transient(name, path, model, b, logit_tokens, backward, step, parts)
-                   for name, parts in phases.items() if name != peak_phase), default=0)
+    largest = max(
+        (
+            _largest_transient(name, path, model, b, logit_tokens, backward, step, parts)
+            for name, parts in phases.items()
+            if name != peak_phase
+        ),
+        default=0,
+    )
     cpu = st.cpu_bytes_per_rank(model, s, b, buckets) * s.gpus_per_node
     if s.offload_optimizer == "cpu":
         owned = math.ceil(model.params / s.world_size)
@@ -204,26 +230,35 @@ def estimate_memory(model, setup: TrainSetup) -> MemoryEstimate:
     if s.uses_reference and s.stage == 3 and s.offload_param == "cpu":
         cpu += math.ceil(model.params / s.world_size) * b * s.gpus_per_node
     return MemoryEstimate(
-        totals[peak_phase], {k: v for k, v in phases[peak_phase].items() if v}, peak_phase, totals,
+        totals[peak_phase],
+        {k: v for k, v in phases[peak_phase].items() if v},
+        peak_phase,
+        totals,
         cpu,
         allocator_bytes=oh.allocator_fragmentation_bytes(model, s.gradient_checkpointing, largest),
         nccl_bytes=oh.nccl_buffer_bytes(s.world_size, s.gpus_per_node, s.interconnect),
-        vllm_fraction=float(s.vllm_gpu_memory_utilization or 0.0), optimizer=optimizer,
-        loss_path=path)
+        vllm_fraction=float(s.vllm_gpu_memory_utilization or 0.0),
+        optimizer=optimizer,
+        loss_path=path,
+    )
 
 
-def _largest_transient(phase: str, path: str, model, b: int, logit_tokens: int, backward: dict,
-                       step: dict, parts: dict) -> int:
+def _largest_transient(
+    phase: str, path: str, model, b: int, logit_tokens: int, backward: dict, step: dict, parts: dict
+) -> int:
     """The biggest single short-lived tensor of ``phase`` (a phase other than the peak's sizes
     the allocator's worst unusable free range, see overheads.py)."""
     h, v = model.hidden_size, model.vocab_size
     if phase in ("forward", "reference"):
         if path == "hf":
-            return act.FP32 * v * logit_tokens         # the fp32 logits / log_softmax tensor
-        return v * h * (act.FP32 if path == "trl_fused" else b)   # the LM-head grad accumulator
+            return act.FP32 * v * logit_tokens  # the fp32 logits / log_softmax tensor
+        return v * h * (act.FP32 if path == "trl_fused" else b)  # the LM-head grad accumulator
     if phase == "backward":
-        return max(backward.get("comm_buckets", 0) // 2, backward.get("gradients", 0),
-                   backward.get("tied_embedding_grad", 0))
+        return max(
+            backward.get("comm_buckets", 0) // 2,
+            backward.get("gradients", 0),
+            backward.get("tied_embedding_grad", 0),
+        )
     if phase == "step":
         if "optimizer_step_temp" in step:
             return max(step["fp32_grads"], step["optimizer_step_temp"])

@@ -3,12 +3,13 @@
 Every term names the DeepSpeed buffer it stands for (``runtime/zero/stage_1_and_2.py``,
 ``stage3.py``, ``partition_parameters.py``). ``b`` is the element size of the model dtype.
 """
+
 from __future__ import annotations
 
 import math
 
 FP32 = 4
-ADAM_STATES = 2 * FP32   # torch AdamW exp_avg + exp_avg_sq, fp32, created lazily at the first step
+ADAM_STATES = 2 * FP32  # torch AdamW exp_avg + exp_avg_sq, fp32, created lazily at the first step
 
 
 def zero_paper_model_states(params: int, stage: int, world: int, k: int = 12) -> float:
@@ -30,7 +31,9 @@ def largest_param(model) -> int:
     sizes = [model.vocab_size * h, h * model.intermediate_size]
     if getattr(model, "num_experts", 0):
         # transformers 5 stores each MoE projection as one 3-D tensor over all experts
-        sizes.append(model.num_experts * 2 * (model.moe_intermediate_size or model.intermediate_size) * h)
+        sizes.append(
+            model.num_experts * 2 * (model.moe_intermediate_size or model.intermediate_size) * h
+        )
     return max(sizes)
 
 
@@ -53,19 +56,21 @@ def resident_states(model, s, b: int, buckets: dict) -> dict[str, int]:
     if s.stage == 3:
         out["params"] = 0 if s.offload_param != "none" else shard * b
     else:
-        out["params"] = p * b                       # bit16_groups_flat: the full flat copy
+        out["params"] = p * b  # bit16_groups_flat: the full flat copy
     if on_gpu_opt:
-        out["master_fp32"] = shard * FP32           # single_partition_of_fp32_groups
+        out["master_fp32"] = shard * FP32  # single_partition_of_fp32_groups
         out["optimizer_states"] = shard * ADAM_STATES
     if s.stage == 3 and on_gpu_opt:
-        out["gradients"] = shard * b                # grad_partitions_flat_buffer, allocated at init
+        out["gradients"] = shard * b  # grad_partitions_flat_buffer, allocated at init
     elif s.stage in (1, 2) and s.grad_accum > 1 and on_gpu_opt:
         # between micro steps ZeRO-1 keeps the full .grad tensors, ZeRO-2 its partition
         out["gradients"] = p * b if s.stage == 1 else shard * b
     elif s.stage == 0 and s.grad_accum > 1:
         out["gradients"] = p * b
     if s.stage == 3 and buckets.get("reduce_bucket_size"):
-        out["comm_buckets"] = int(buckets["reduce_bucket_size"]) * b   # ipg bucket, allocated at init
+        out["comm_buckets"] = (
+            int(buckets["reduce_bucket_size"]) * b
+        )  # ipg bucket, allocated at init
     if s.stage in (1, 2) and not on_gpu_opt:
         out["comm_buckets"] = largest_param(model) * b  # temp_grad_buffer_for_gpu_offload
     return out
@@ -87,9 +92,9 @@ def backward_buffers(model, s, b: int, buckets: dict) -> dict[str, int]:
             # embedding backward at the very end
             out["tied_embedding_grad"] = model.vocab_size * model.hidden_size * b
     elif s.stage == 0:
-        out["gradients"] = p * b if s.grad_accum == 1 else 0   # .grad filled as backward goes
+        out["gradients"] = p * b if s.grad_accum == 1 else 0  # .grad filled as backward goes
         if n > 1:
-            out["comm_buckets"] = min(p, 500_000_000) * b       # buffered allreduce flattens a bucket
+            out["comm_buckets"] = min(p, 500_000_000) * b  # buffered allreduce flattens a bucket
     return out
 
 
@@ -111,14 +116,14 @@ def step_buffers(model, s, b: int, buckets: dict, optimizer: str = "adamw_torch"
     if s.stage == 3:
         sub = min(math.ceil(p / n), int(buckets.get("sub_group_size", 1_000_000_000)))
         temp = step_temporary_bytes(optimizer, sub, sub)
-        if b + FP32 > FP32 + temp:   # flatten copy + cast copy outweigh the optimizer's temporary
+        if b + FP32 > FP32 + temp:  # flatten copy + cast copy outweigh the optimizer's temporary
             return {"fp32_grads": sub * (b + FP32)}
         return {"fp32_grads": sub * FP32, "optimizer_step_temp": temp}
     shard = p if s.stage == 0 else math.ceil(p / n)
     # the averaged bit16 grads are still referenced until the fp32 copy exists
     # (with accumulation they are already counted among the resident states)
     held = {"gradients": shard * b} if s.grad_accum == 1 else {}
-    cast = shard * (b + FP32)                        # flattened bit16 copy + fp32 copy
+    cast = shard * (b + FP32)  # flattened bit16 copy + fp32 copy
     temp = step_temporary_bytes(optimizer, shard, shard)
     if sum(held.values()) + cast >= shard * FP32 + temp:
         return {**held, "fp32_grads": cast}
@@ -137,7 +142,9 @@ def stage3_live_params(model, s, b: int, buckets: dict) -> int:
         return 0
     prefetch = int(buckets.get("stage3_prefetch_bucket_size", 50_000_000))
     live = model.vocab_size * model.hidden_size + layer_params(model) + prefetch
-    live = min(live, int(buckets.get("stage3_max_live_parameters", 1_000_000_000)) + layer_params(model))
+    live = min(
+        live, int(buckets.get("stage3_max_live_parameters", 1_000_000_000)) + layer_params(model)
+    )
     return min(live, model.params) * b
 
 
@@ -149,12 +156,14 @@ def cpu_bytes_per_rank(model, s, b: int, buckets: dict) -> int:
     if s.offload_optimizer == "cpu":
         # fp32 master + Adam states + fp32 grad partition, and (ZeRO-1/2) the bit16 staging copy
         total += shard * (FP32 + ADAM_STATES + FP32)
-        total += shard * b   # ZeRO-1/2 bit16 staging buffer; ZeRO-3 pinned grad_partitions_flat_buffer
+        total += (
+            shard * b
+        )  # ZeRO-1/2 bit16 staging buffer; ZeRO-3 pinned grad_partitions_flat_buffer
     elif s.offload_optimizer == "nvme":
         sub = min(shard, int(buckets.get("sub_group_size", 1_000_000_000)))
         total += 2 * sub * (FP32 + ADAM_STATES + FP32)  # swap-in/out of one sub-group's states
     if s.offload_param == "cpu":
         total += shard * b
     elif s.offload_param == "nvme":
-        total += 5 * 100_000_000 * b                 # aio buffer_count x buffer_size defaults
+        total += 5 * 100_000_000 * b  # aio buffer_count x buffer_size defaults
     return total

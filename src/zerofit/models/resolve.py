@@ -5,6 +5,7 @@ that mirrors the transformers modules parameter for parameter; any other archite
 on the meta device (no weights, no memory) and its unique parameters summed, cached on disk because
 importing transformers costs seconds. Nothing here imports torch/transformers/huggingface_hub at import.
 """
+
 from __future__ import annotations
 
 import difflib
@@ -23,7 +24,7 @@ class ModelSpec:
     """What the planner needs to know about a model: its shape and exact parameter counts."""
 
     name: str
-    architecture: str          # transformers model_type, e.g. "qwen2", "qwen3_moe"
+    architecture: str  # transformers model_type, e.g. "qwen2", "qwen3_moe"
     hidden_size: int
     intermediate_size: int
     num_layers: int
@@ -32,8 +33,8 @@ class ModelSpec:
     head_dim: int
     vocab_size: int
     tie_embeddings: bool
-    params: int                # total parameters, exact (tied embeddings counted once)
-    active_params: int         # used per token: == params when dense; MoE: all but unselected experts
+    params: int  # total parameters, exact (tied embeddings counted once)
+    active_params: int  # used per token: == params when dense; MoE: all but unselected experts
     num_experts: int = 0
     experts_per_token: int = 0
     moe_intermediate_size: int = 0
@@ -47,10 +48,21 @@ _DEFAULTS: dict[str, dict] = {
     "qwen2": {"num_key_value_heads": 32},
     "qwen3": {"num_key_value_heads": 32, "head_dim": 128},
     "mixtral": {"num_key_value_heads": 8, "num_experts": 8, "num_experts_per_tok": 2},
-    "qwen3_moe": {"num_key_value_heads": 4, "num_experts": 128, "num_experts_per_tok": 8,
-                  "moe_intermediate_size": 768, "decoder_sparse_step": 1},
+    "qwen3_moe": {
+        "num_key_value_heads": 4,
+        "num_experts": 128,
+        "num_experts_per_tok": 8,
+        "moe_intermediate_size": 768,
+        "decoder_sparse_step": 1,
+    },
 }
-_REQUIRED = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
+_REQUIRED = (
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "vocab_size",
+)
 _CACHE_VERSION = "1"
 
 
@@ -67,7 +79,11 @@ def count_params_analytic(config: dict, where: str = "config.json") -> dict | No
         return None
     c = {**_DEFAULTS[family], **config}
     h, inter, layers, heads, vocab = (_positive(c, k, where) for k in _REQUIRED)
-    kv = _positive(c, "num_key_value_heads", where) if c["num_key_value_heads"] is not None else heads
+    kv = (
+        _positive(c, "num_key_value_heads", where)
+        if c["num_key_value_heads"] is not None
+        else heads
+    )
     hd = _positive(c, "head_dim", where) if c.get("head_dim") else h // heads
     tie = bool(c.get("tie_word_embeddings", False))
     q, k = heads * hd, kv * hd
@@ -81,22 +97,43 @@ def count_params_analytic(config: dict, where: str = "config.json") -> dict | No
     dense_mlp = 3 * h * inter + (2 * inter + h if family == "llama" and c.get("mlp_bias") else 0)
     experts = top_k = moe_inter = 0
     if family in ("mixtral", "qwen3_moe"):
-        experts = _positive(c, "num_local_experts" if "num_local_experts" in c else "num_experts", where)
+        experts = _positive(
+            c, "num_local_experts" if "num_local_experts" in c else "num_experts", where
+        )
         top_k = _positive(c, "num_experts_per_tok", where)
         moe_inter = inter if family == "mixtral" else _positive(c, "moe_intermediate_size", where)
     if family == "qwen3_moe":
-        dense_only, step = set(c.get("mlp_only_layers") or []), _positive(c, "decoder_sparse_step", where)
+        dense_only, step = set(c.get("mlp_only_layers") or []), _positive(
+            c, "decoder_sparse_step", where
+        )
         sparse = sum(1 for i in range(layers) if i not in dense_only and (i + 1) % step == 0)
     else:
         sparse = layers if experts else 0
     expert = 3 * h * moe_inter
-    total = (layers * (attn + 2 * h) + (layers - sparse) * dense_mlp + sparse * (experts * h + experts * expert)
-             + vocab * h * (1 if tie else 2) + h)
+    total = (
+        layers * (attn + 2 * h)
+        + (layers - sparse) * dense_mlp
+        + sparse * (experts * h + experts * expert)
+        + vocab * h * (1 if tie else 2)
+        + h
+    )
     active = total - sparse * (experts - top_k) * expert
-    return dict(architecture=family, hidden_size=h, intermediate_size=inter, num_layers=layers,
-                num_heads=heads, num_kv_heads=kv, head_dim=hd, vocab_size=vocab, tie_embeddings=tie,
-                params=total, active_params=active, num_experts=experts, experts_per_token=top_k,
-                moe_intermediate_size=moe_inter)
+    return dict(
+        architecture=family,
+        hidden_size=h,
+        intermediate_size=inter,
+        num_layers=layers,
+        num_heads=heads,
+        num_kv_heads=kv,
+        head_dim=hd,
+        vocab_size=vocab,
+        tie_embeddings=tie,
+        params=total,
+        active_params=active,
+        num_experts=experts,
+        experts_per_token=top_k,
+        moe_intermediate_size=moe_inter,
+    )
 
 
 def count_params_meta(config: dict, where: str = "config.json") -> dict:
@@ -114,7 +151,9 @@ def count_params_meta(config: dict, where: str = "config.json") -> dict:
     verbosity = transformers.logging.get_verbosity()
     transformers.logging.set_verbosity_error()  # config sanity warnings are noise for a count
     try:
-        cfg = AutoConfig.for_model(model_type, **{k: v for k, v in config.items() if k != "model_type"})
+        cfg = AutoConfig.for_model(
+            model_type, **{k: v for k, v in config.items() if k != "model_type"}
+        )
         with torch.device("meta"):
             try:
                 model = AutoModelForCausalLM.from_config(cfg)
@@ -134,25 +173,41 @@ def count_params_meta(config: dict, where: str = "config.json") -> dict:
         return next((getattr(text, k) for k in keys if getattr(text, k, None)), default)
 
     h, heads = get("hidden_size"), get("num_attention_heads", default=1)
-    experts, top_k = get("num_experts", "num_local_experts", "n_routed_experts"), get("num_experts_per_tok")
+    experts, top_k = get("num_experts", "num_local_experts", "n_routed_experts"), get(
+        "num_experts_per_tok"
+    )
     active = total - routed * (experts - top_k) // experts if routed and experts else total
-    return dict(architecture=model_type, hidden_size=h, intermediate_size=get("intermediate_size", "n_inner",
-                default=4 * h), num_layers=get("num_hidden_layers"), num_heads=heads,
-                num_kv_heads=get("num_key_value_heads", default=heads), head_dim=get("head_dim", default=h // heads),
-                vocab_size=get("vocab_size"), tie_embeddings=bool(getattr(cfg, "tie_word_embeddings", False)),
-                params=total, active_params=active, num_experts=experts if routed else 0,
-                experts_per_token=top_k if routed else 0,
-                moe_intermediate_size=get("moe_intermediate_size", "intermediate_size") if routed else 0)
+    return dict(
+        architecture=model_type,
+        hidden_size=h,
+        intermediate_size=get("intermediate_size", "n_inner", default=4 * h),
+        num_layers=get("num_hidden_layers"),
+        num_heads=heads,
+        num_kv_heads=get("num_key_value_heads", default=heads),
+        head_dim=get("head_dim", default=h // heads),
+        vocab_size=get("vocab_size"),
+        tie_embeddings=bool(getattr(cfg, "tie_word_embeddings", False)),
+        params=total,
+        active_params=active,
+        num_experts=experts if routed else 0,
+        experts_per_token=top_k if routed else 0,
+        moe_intermediate_size=get("moe_intermediate_size", "intermediate_size") if routed else 0,
+    )
 
 
 def _positive(config: dict, key: str, where: str) -> int:
     """``config[key]`` as a positive int, else a one-line error naming the field."""
     if key not in config or config[key] is None:
-        raise ZerofitError("model", f"{where} has no \"{key}\"", f"add \"{key}\" (a positive integer) to it")
+        raise ZerofitError(
+            "model", f"{where} has no \"{key}\"", f"add \"{key}\" (a positive integer) to it"
+        )
     value = config[key]
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ZerofitError("model", f"{where}: \"{key}\" is {value!r}, not a positive integer",
-                           f"set \"{key}\" to the model's value")
+        raise ZerofitError(
+            "model",
+            f"{where}: \"{key}\" is {value!r}, not a positive integer",
+            f"set \"{key}\" to the model's value",
+        )
     return value
 
 
@@ -161,18 +216,29 @@ def _meta_failure(config: dict, where: str, err: Exception, version: str) -> Zer
 
     model_type = config.get("model_type")
     if model_type not in CONFIG_MAPPING:
-        remote = " (it needs trust_remote_code, which zerofit never runs)" if "auto_map" in config else ""
-        if remote:   # custom code in the repo: a newer transformers would not know it either
-            return ZerofitError("model",
-                                f"{where}: architecture {model_type!r} ships its own code{remote}",
-                                "use the transformers-native port of the model (e.g. Qwen2 for "
-                                "Qwen v1) or a built-in name with the same shape")
-        return ZerofitError("model", f"{where}: architecture {model_type!r} is unknown to transformers "
-                            f"{version}",
-                            "upgrade transformers, or use a transformers-native config or a built-in name")
+        remote = (
+            " (it needs trust_remote_code, which zerofit never runs)"
+            if "auto_map" in config
+            else ""
+        )
+        if remote:  # custom code in the repo: a newer transformers would not know it either
+            return ZerofitError(
+                "model",
+                f"{where}: architecture {model_type!r} ships its own code{remote}",
+                "use the transformers-native port of the model (e.g. Qwen2 for "
+                "Qwen v1) or a built-in name with the same shape",
+            )
+        return ZerofitError(
+            "model",
+            f"{where}: architecture {model_type!r} is unknown to transformers " f"{version}",
+            "upgrade transformers, or use a transformers-native config or a built-in name",
+        )
     detail = str(err).splitlines()[0] if str(err) else type(err).__name__
-    return ZerofitError("model", f"{where}: transformers cannot build {model_type!r}: {detail}",
-                        "fix the config values it names")
+    return ZerofitError(
+        "model",
+        f"{where}: transformers cannot build {model_type!r}: {detail}",
+        "fix the config values it names",
+    )
 
 
 def cache_path() -> Path:
@@ -183,8 +249,11 @@ def cache_path() -> Path:
 
 def _cache_key(config: dict) -> str:
     from importlib.metadata import version
+
     # Bookkeeping keys differ between copies of the same model; the transformers version can change modules.
-    kept = {k: v for k, v in config.items() if not k.startswith("_") and k != "transformers_version"}
+    kept = {
+        k: v for k, v in config.items() if not k.startswith("_") and k != "transformers_version"
+    }
     blob = json.dumps([_CACHE_VERSION, version("transformers"), kept], sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()
 
@@ -214,11 +283,22 @@ def count_params_remote_code(config: dict, where: str = "config.json") -> dict |
         hd, proj, mlp = h // heads, h, inter
         attn, dense = 4 * h * h, 3 * h * inter
     total = layers * (attn + dense + 2 * h) + vocab * h * (1 if tie else 2) + h
-    return dict(architecture=family, hidden_size=h, intermediate_size=mlp, num_layers=layers,
-                num_heads=heads, num_kv_heads=heads, head_dim=hd, vocab_size=vocab,
-                tie_embeddings=tie,
-                params=total, active_params=total, num_experts=0, experts_per_token=0,
-                moe_intermediate_size=0)
+    return dict(
+        architecture=family,
+        hidden_size=h,
+        intermediate_size=mlp,
+        num_layers=layers,
+        num_heads=heads,
+        num_kv_heads=heads,
+        head_dim=hd,
+        vocab_size=vocab,
+        tie_embeddings=tie,
+        params=total,
+        active_params=total,
+        num_experts=0,
+        experts_per_token=0,
+        moe_intermediate_size=0,
+    )
 
 
 def count_params(config: dict, where: str = "config.json") -> dict:
@@ -228,8 +308,11 @@ def count_params(config: dict, where: str = "config.json") -> dict:
     if record is not None:
         return record
     if not config.get("model_type"):
-        raise ZerofitError("model", f"{where} has no \"model_type\"",
-                           "add it (e.g. \"llama\"); every transformers config.json carries one")
+        raise ZerofitError(
+            "model",
+            f"{where} has no \"model_type\"",
+            "add it (e.g. \"llama\"); every transformers config.json carries one",
+        )
     path, key = cache_path(), _cache_key(config)
     try:
         cache = json.loads(path.read_text())
@@ -253,7 +336,9 @@ def count_params(config: dict, where: str = "config.json") -> dict:
 def spec_from_config(config: dict, name: str, where: str = "config.json") -> ModelSpec:
     """The ModelSpec for a parsed config.json; ``where`` names its source in error messages."""
     if not isinstance(config, dict):
-        raise ZerofitError("model", f"{where} is not a JSON object", "point at a transformers config.json")
+        raise ZerofitError(
+            "model", f"{where} is not a JSON object", "point at a transformers config.json"
+        )
     return ModelSpec(name=name, **count_params(config, where))
 
 
@@ -289,8 +374,11 @@ def resolve_model(ref: str) -> ModelSpec:
     if path.is_dir():
         path = path / "config.json"
         if not path.is_file():
-            raise ZerofitError("model", f"directory {ref} has no config.json",
-                               "point at a model directory saved by transformers, or at its config.json")
+            raise ZerofitError(
+                "model",
+                f"directory {ref} has no config.json",
+                "point at a model directory saved by transformers, or at its config.json",
+            )
     elif not path.is_file():
         if ref.startswith(("/", ".", "~")) or ref.endswith(".json") or ref.count("/") > 1:
             raise ZerofitError("model", f"no such file or directory: {ref}", _suggest(ref))
@@ -306,41 +394,51 @@ def _read_json(path: Path) -> dict:
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as err:
-        raise ZerofitError("model", f"cannot read {path}: {err.__class__.__name__}",
-                           "check the path and its permissions") from err
+        raise ZerofitError(
+            "model",
+            f"cannot read {path}: {err.__class__.__name__}",
+            "check the path and its permissions",
+        ) from err
     try:
         return json.loads(text)
     except ValueError as err:
-        raise ZerofitError("model", f"{path} is not valid JSON ({err})",
-                           "fix the file, or re-download config.json") from err
+        raise ZerofitError(
+            "model", f"{path} is not valid JSON ({err})", "fix the file, or re-download config.json"
+        ) from err
 
 
-HUB_TIMEOUT_S = 1.0   # seconds for the one metadata request (a reachable hub answers in ~0.2 s)
+HUB_TIMEOUT_S = 1.0  # seconds for the one metadata request (a reachable hub answers in ~0.2 s)
 
 
 def _download_config(repo_id: str) -> Path:
     """Fetch only config.json of a hub repo; every failure becomes one ZerofitError line."""
     from huggingface_hub import errors, hf_hub_download
     from huggingface_hub.utils import validate_repo_id
+
     try:
         validate_repo_id(repo_id)
     except errors.HFValidationError as err:
-        raise ZerofitError("model", f"{repo_id!r} is not a built-in name, a local path or a hub id",
-                           _suggest(repo_id)) from err
+        raise ZerofitError(
+            "model",
+            f"{repo_id!r} is not a built-in name, a local path or a hub id",
+            _suggest(repo_id),
+        ) from err
     from huggingface_hub import constants as hub_constants
     from huggingface_hub.utils import logging as hub_logging
+
     level, telemetry = hub_logging.get_verbosity(), hub_constants.HF_HUB_DISABLE_TELEMETRY
-    hub_logging.set_verbosity_error()   # no "Retrying in 8s" lines: the answer is one line
+    hub_logging.set_verbosity_error()  # no "Retrying in 8s" lines: the answer is one line
     # the user-agent header otherwise fetches an agent registry from the hub first, with its own
     # timeout (huggingface_hub/utils/_headers.py:_http_user_agent -> _detect_agent.detect_agent)
     hub_constants.HF_HUB_DISABLE_TELEMETRY = True
     try:
-        try:   # a config.json already in the hub cache answers without the network
-            return Path(hf_hub_download(repo_id=repo_id, filename="config.json",
-                                        local_files_only=True))
+        try:  # a config.json already in the hub cache answers without the network
+            return Path(
+                hf_hub_download(repo_id=repo_id, filename="config.json", local_files_only=True)
+            )
         except errors.LocalEntryNotFoundError:
             pass
-        _hub_head(repo_id)          # unreachable: one line now, not five retries
+        _hub_head(repo_id)  # unreachable: one line now, not five retries
         return Path(hf_hub_download(repo_id=repo_id, filename="config.json"))
     except Exception as err:  # every failure, network ones included, becomes one line
         problem, fix = _hub_failure(repo_id, err, errors)
@@ -360,13 +458,14 @@ def _hub_head(repo_id: str) -> None:
     import threading
 
     from huggingface_hub import get_hf_file_metadata, hf_hub_url
+
     outcome: list = []
 
     def head() -> None:
         try:
             get_hf_file_metadata(hf_hub_url(repo_id, "config.json"), timeout=HUB_TIMEOUT_S)
             outcome.append(None)
-        except Exception as err:   # handed to the caller below
+        except Exception as err:  # handed to the caller below
             outcome.append(err)
 
     worker = threading.Thread(target=head, daemon=True)
@@ -380,31 +479,54 @@ def _hub_head(repo_id: str) -> None:
 
 def _hub_failure(repo_id: str, err: Exception, errors) -> tuple[str, str]:
     if isinstance(err, errors.GatedRepoError):
-        return (f"{repo_id} is gated on the Hugging Face Hub",
-                "accept its licence on the model page and run `hf auth login`, or pass a local config.json")
+        return (
+            f"{repo_id} is gated on the Hugging Face Hub",
+            "accept its licence on the model page and run `hf auth login`, or pass a local config.json",
+        )
     if isinstance(err, errors.RepositoryNotFoundError):
-        return f"{repo_id!r} is not a built-in model, a local path or a model on the Hub", _suggest(repo_id)
+        return f"{repo_id!r} is not a built-in model, a local path or a model on the Hub", _suggest(
+            repo_id
+        )
     if isinstance(err, errors.LocalEntryNotFoundError):  # offline and not in the local hub cache
-        return (f"cannot fetch config.json of {repo_id}: offline and not cached",
-                "connect to the network, or download config.json and pass its path")
+        return (
+            f"cannot fetch config.json of {repo_id}: offline and not cached",
+            "connect to the network, or download config.json and pass its path",
+        )
     if isinstance(err, (errors.RemoteEntryNotFoundError, errors.EntryNotFoundError)):
         return f"hub repo {repo_id} has no config.json", "pass a transformers model repo"
     detail = str(err).splitlines()[0] if str(err) else type(err).__name__
-    if (isinstance(err, (OSError, TimeoutError))
-            or any(word in type(err).__name__ for word in ("Connect", "Timeout", "Network"))):
-        return (f"cannot reach the Hugging Face Hub for {repo_id} ({detail})",
-                "check the network (or HF_ENDPOINT), or download config.json and pass its path")
-    return (f"cannot fetch config.json of {repo_id} ({detail})",
-            "check the network and HF_HUB_OFFLINE, or download config.json and pass its path")
+    if isinstance(err, (OSError, TimeoutError)) or any(
+        word in type(err).__name__ for word in ("Connect", "Timeout", "Network")
+    ):
+        return (
+            f"cannot reach the Hugging Face Hub for {repo_id} ({detail})",
+            "check the network (or HF_ENDPOINT), or download config.json and pass its path",
+        )
+    return (
+        f"cannot fetch config.json of {repo_id} ({detail})",
+        "check the network and HF_HUB_OFFLINE, or download config.json and pass its path",
+    )
 
 
 def _suggest(ref: str) -> str:
-    close = difflib.get_close_matches(ref.lower().split("/")[-1], list(BUILTIN_MODELS), n=3, cutoff=0.6)
+    close = difflib.get_close_matches(
+        ref.lower().split("/")[-1], list(BUILTIN_MODELS), n=3, cutoff=0.6
+    )
     if close:
         return f"did you mean {' or '.join(close)}?"
     examples = ", ".join(list(BUILTIN_MODELS)[::4])
     return f"use a built-in name ({examples}, ...), a config.json, a model directory or a hub id"
 
 
-__all__ = ["ModelSpec", "BUILTIN_MODELS", "model_names", "resolve_model", "spec_from_config", "builtin_config",
-           "count_params", "count_params_analytic", "count_params_meta", "cache_path"]
+__all__ = [
+    "ModelSpec",
+    "BUILTIN_MODELS",
+    "model_names",
+    "resolve_model",
+    "spec_from_config",
+    "builtin_config",
+    "count_params",
+    "count_params_analytic",
+    "count_params_meta",
+    "cache_path",
+]

@@ -3,6 +3,7 @@
 Its own module so that the plan and the reasons that fill it both import it without importing
 each other.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -13,6 +14,6 @@ from typing import Any
 class Decision:
     """One resolved setting of the plan and why it was chosen."""
 
-    field: str        # e.g. "stage"
+    field: str  # e.g. "stage"
     value: Any
-    reason: str       # one sentence
+    reason: str  # one sentence

@@ -7,6 +7,7 @@ gradient checkpointing before checkpointing (0.29 s: one extra forward), then th
 (stage 1 and 2 move the same bytes; the lower one does less bookkeeping), then the larger micro
 batch (fewer, fuller kernels and fewer accumulation steps).
 """
+
 from __future__ import annotations
 
 import math
@@ -21,7 +22,7 @@ MAX_MICRO = 64
 # typical server: about twice the node's GPU memory, at least 64 GiB.
 HOST_RAM_PER_GPU_MEMORY = 2.0
 MIN_HOST_RAM_GIB = 64.0
-DEFAULT_TOKENS_PER_STEP = 2 ** 18   # default global batch: ~262k tokens per optimizer step
+DEFAULT_TOKENS_PER_STEP = 2**18  # default global batch: ~262k tokens per optimizer step
 
 
 @dataclass(frozen=True)
@@ -33,13 +34,13 @@ class Candidate:
     micro_batch: int
     estimate: MemoryEstimate
     fits: bool
-    gpu_need_gib: float = 0.0     # everything the GPU holds (peak + outside terms + margin)
+    gpu_need_gib: float = 0.0  # everything the GPU holds (peak + outside terms + margin)
     gpu_fits: bool = True
     host_fits: bool = True
 
     @property
     def failing_budget(self) -> str | None:
-        """"gpu", "host" (RAM), "gpu+host", or None when it fits."""
+        """ "gpu", "host" (RAM), "gpu+host", or None when it fits."""
         if self.fits:
             return None
         budgets = (("gpu", self.gpu_fits), ("host", self.host_fits))
@@ -48,8 +49,14 @@ class Candidate:
     @property
     def speed_key(self) -> tuple:
         """Sort key, fastest first (see the module docstring for the order and its evidence)."""
-        return (self.offload_param != "none", self.offload_optimizer != "none", self.stage == 3,
-                self.gradient_checkpointing, self.stage, -self.micro_batch)
+        return (
+            self.offload_param != "none",
+            self.offload_optimizer != "none",
+            self.stage == 3,
+            self.gradient_checkpointing,
+            self.stage,
+            -self.micro_batch,
+        )
 
     @property
     def need_gib(self) -> float:
@@ -67,9 +74,11 @@ class Candidate:
 def pick_precision(answers: Answers, gpu) -> tuple[str, str]:
     """bf16 where the GPU has it, else fp16, unless the user chose."""
     if answers.precision == "bf16" and not gpu.bf16:
-        raise ZerofitError("precision", f"bf16 is not supported by {gpu.name}",
-                           "use --precision fp16 (loss scaling) or fp32, "
-                           "or a GPU with bf16 (A100 or newer)")
+        raise ZerofitError(
+            "precision",
+            f"bf16 is not supported by {gpu.name}",
+            "use --precision fp16 (loss scaling) or fp32, " "or a GPU with bf16 (A100 or newer)",
+        )
     if answers.precision:
         return answers.precision, f"{answers.precision}: set by you"
     if gpu.bf16:
@@ -80,47 +89,85 @@ def pick_precision(answers: Answers, gpu) -> tuple[str, str]:
 def pick_global_batch(answers: Answers) -> tuple[int, str]:
     """The user's global batch, or ~262k tokens per step rounded to what the batch must divide by."""
     world = answers.world_size
-    unit = world if answers.workload != "grpo" else world * answers.num_generations // math.gcd(world, answers.num_generations)
+    unit = (
+        world
+        if answers.workload != "grpo"
+        else world * answers.num_generations // math.gcd(world, answers.num_generations)
+    )
     if answers.global_batch is not None:
         if answers.global_batch % world:
-            raise ZerofitError("global_batch", f"{answers.global_batch} is not divisible by the {world} GPUs",
-                               f"use a multiple of {world}, e.g. {max(world, answers.global_batch // world * world)}")
+            raise ZerofitError(
+                "global_batch",
+                f"{answers.global_batch} is not divisible by the {world} GPUs",
+                f"use a multiple of {world}, e.g. {max(world, answers.global_batch // world * world)}",
+            )
         if answers.global_batch % unit:
-            raise ZerofitError("global_batch", f"{answers.global_batch} cannot be split into whole prompt groups "
-                               f"of {answers.num_generations} over {world} GPUs", f"use a multiple of {unit}")
+            raise ZerofitError(
+                "global_batch",
+                f"{answers.global_batch} cannot be split into whole prompt groups "
+                f"of {answers.num_generations} over {world} GPUs",
+                f"use a multiple of {unit}",
+            )
         return answers.global_batch, f"{answers.global_batch}: set by you"
     target = max(1, DEFAULT_TOKENS_PER_STEP // answers.seq_len)
     batch = max(unit, math.ceil(target / unit) * unit)
-    return batch, (f"{batch}: not given, so ~{DEFAULT_TOKENS_PER_STEP // 1024}k tokens per step at "
-                   f"seq_len {answers.seq_len}, rounded to a multiple of {unit}")
+    return batch, (
+        f"{batch}: not given, so ~{DEFAULT_TOKENS_PER_STEP // 1024}k tokens per step at "
+        f"seq_len {answers.seq_len}, rounded to a multiple of {unit}"
+    )
 
 
-def make_setup(answers: Answers, precision: str, stage: int, offload_optimizer: str, offload_param: str,
-               checkpointing: bool, micro: int, accum: int, world: int | None = None,
-               seq_len: int | None = None) -> TrainSetup:
+def make_setup(
+    answers: Answers,
+    precision: str,
+    stage: int,
+    offload_optimizer: str,
+    offload_param: str,
+    checkpointing: bool,
+    micro: int,
+    accum: int,
+    world: int | None = None,
+    seq_len: int | None = None,
+) -> TrainSetup:
     """The memory model's view of one candidate configuration."""
     from zerofit.hardware import lookup
+
     optimizer = answers.optimizer
     if optimizer is None and answers.optimizer_block and offload_optimizer == "none":
         # zerofit's own block sets "torch_adam": true without offload
         # (configs/deepspeed_json.py build_optimizer_block), so DeepSpeed steps torch.optim.AdamW,
         # foreach on CUDA (deepspeed/runtime/engine.py _configure_basic_optimizer), not FusedAdam.
         optimizer = "adamw_torch"
-    return TrainSetup(stage=stage, world_size=world or answers.world_size, gpus_per_node=answers.gpus_per_node,
-                      offload_optimizer=offload_optimizer, offload_param=offload_param, precision=precision,
-                      gradient_checkpointing=checkpointing, micro_batch=micro, seq_len=seq_len or answers.seq_len,
-                      grad_accum=accum, attention=answers.attention, workload=answers.workload,
-                      num_generations=answers.num_generations, completion_len=answers.completion_len,
-                      reference_model=answers.reference_model, stack=answers.stack,
-                      optimizer=optimizer, loss_kernel=answers.loss_kernel,
-                      ds_optimizer_block=answers.optimizer_block,
-                      precompute_ref=answers.precompute_ref,
-                      vllm_gpu_memory_utilization=answers.vllm_gpu_memory_utilization,
-                      steps_per_generation=answers.steps_per_generation,
-                      interconnect=lookup(answers.gpu).interconnect)
+    return TrainSetup(
+        stage=stage,
+        world_size=world or answers.world_size,
+        gpus_per_node=answers.gpus_per_node,
+        offload_optimizer=offload_optimizer,
+        offload_param=offload_param,
+        precision=precision,
+        gradient_checkpointing=checkpointing,
+        micro_batch=micro,
+        seq_len=seq_len or answers.seq_len,
+        grad_accum=accum,
+        attention=answers.attention,
+        workload=answers.workload,
+        num_generations=answers.num_generations,
+        completion_len=answers.completion_len,
+        reference_model=answers.reference_model,
+        stack=answers.stack,
+        optimizer=optimizer,
+        loss_kernel=answers.loss_kernel,
+        ds_optimizer_block=answers.optimizer_block,
+        precompute_ref=answers.precompute_ref,
+        vllm_gpu_memory_utilization=answers.vllm_gpu_memory_utilization,
+        steps_per_generation=answers.steps_per_generation,
+        interconnect=lookup(answers.gpu).interconnect,
+    )
 
 
-def option_grid(answers: Answers, honour_overrides: bool = True) -> list[tuple[int, str, str, bool]]:
+def option_grid(
+    answers: Answers, honour_overrides: bool = True
+) -> list[tuple[int, str, str, bool]]:
     """Every (stage, offload_optimizer, offload_param, checkpointing) allowed; overrides narrow it."""
     a = answers if honour_overrides else Answers()
     grid = []
@@ -133,8 +180,10 @@ def option_grid(answers: Answers, honour_overrides: bool = True) -> list[tuple[i
         if honour_overrides and (answers.offload_optimizer or answers.offload_param):
             oo, op = answers.offload_optimizer or "none", answers.offload_param or "none"
             if op != "none" and oo == "none" and answers.offload_optimizer is None:
-                oo = op   # DeepSpeed offloads the optimizer too when parameters are offloaded
-            offloads = [(oo, op)] if (stage >= 1 or oo == "none") and (stage == 3 or op == "none") else []
+                oo = op  # DeepSpeed offloads the optimizer too when parameters are offloaded
+            offloads = (
+                [(oo, op)] if (stage >= 1 or oo == "none") and (stage == 3 or op == "none") else []
+            )
         for oo, op in offloads:
             for gc in (False, True):
                 if a.stage is not None and stage != a.stage:
@@ -143,8 +192,11 @@ def option_grid(answers: Answers, honour_overrides: bool = True) -> list[tuple[i
                     continue
                 grid.append((stage, oo, op, gc))
     if not grid:
-        raise ZerofitError("offload_param", f"offloading parameters needs ZeRO stage 3, not {answers.stage}",
-                           "use --stage 3 or --offload-param none")
+        raise ZerofitError(
+            "offload_param",
+            f"offloading parameters needs ZeRO stage 3, not {answers.stage}",
+            "use --stage 3 or --offload-param none",
+        )
     return grid
 
 
@@ -152,8 +204,12 @@ def micro_choices(answers: Answers, per_rank: int) -> list[int]:
     """Micro batches to try: the user's, else every divisor of the per-GPU batch up to 64."""
     if answers.micro_batch is not None:
         if per_rank % answers.micro_batch:
-            raise ZerofitError("micro_batch", f"{answers.micro_batch} does not divide the {per_rank} sequences "
-                               "each GPU gets per step", "pick a divisor of global_batch / GPUs")
+            raise ZerofitError(
+                "micro_batch",
+                f"{answers.micro_batch} does not divide the {per_rank} sequences "
+                "each GPU gets per step",
+                "pick a divisor of global_batch / GPUs",
+            )
         return [answers.micro_batch]
     return [m for m in range(1, min(per_rank, MAX_MICRO) + 1) if per_rank % m == 0]
 
@@ -169,6 +225,7 @@ def host_ram_gib(answers: Answers, gpu) -> tuple[float, str]:
     if answers.host_ram_gib is not None:
         return answers.host_ram_gib, "given"
     from zerofit.hardware import detect_host_ram_gib
+
     detected = detect_host_ram_gib()
     if detected is not None:
         return detected, "this node"
@@ -183,13 +240,25 @@ def judge(est: MemoryEstimate, answers: Answers, gpu) -> tuple[bool, bool, float
     return gpu_ok, est.cpu_gib <= host_ram_gib(answers, gpu)[0], need
 
 
-def evaluate(model, answers: Answers, gpu, precision: str, option: tuple, micros: list[int], per_rank: int,
-             world: int | None = None, seq_len: int | None = None) -> list[Candidate]:
+def evaluate(
+    model,
+    answers: Answers,
+    gpu,
+    precision: str,
+    option: tuple,
+    micros: list[int],
+    per_rank: int,
+    world: int | None = None,
+    seq_len: int | None = None,
+) -> list[Candidate]:
     """Memory estimate for ``option`` at every micro batch."""
     stage, oo, op, gc = option
     out = []
     for m in micros:
-        est = estimate_memory(model, make_setup(answers, precision, stage, oo, op, gc, m, per_rank // m, world, seq_len))
+        est = estimate_memory(
+            model,
+            make_setup(answers, precision, stage, oo, op, gc, m, per_rank // m, world, seq_len),
+        )
         gpu_ok, host_ok, need = judge(est, answers, gpu)
         out.append(Candidate(stage, oo, op, gc, m, est, gpu_ok and host_ok, need, gpu_ok, host_ok))
     return out

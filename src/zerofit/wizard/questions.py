@@ -5,14 +5,21 @@ every ``when``/``validate``/``default`` is a plain function of the answers so fa
 unit-tested without a terminal. ``answers`` is always a dict of Answers field -> typed value,
 starting from the pre-filled Answers (flags, answers file, detected GPU).
 """
+
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from zerofit.planning.answers import (LAUNCHERS, OFFLOAD_DEVICES, PRECISIONS, STACKS, Answers,
-                                     answers_to_dict)
+from zerofit.planning.answers import (
+    LAUNCHERS,
+    OFFLOAD_DEVICES,
+    PRECISIONS,
+    STACKS,
+    Answers,
+    answers_to_dict,
+)
 from zerofit.hardware import CATALOG, lookup
 from zerofit.errors import ZerofitError
 
@@ -36,14 +43,14 @@ def _identity(text: Any) -> Any:
 class Question:
     """One prompt. ``default`` and ``message`` may be callables of the answers so far."""
 
-    name: str                                   # the Answers field it fills
-    kind: str                                   # text | select | confirm | autocomplete
+    name: str  # the Answers field it fills
+    kind: str  # text | select | confirm | autocomplete
     message: str | Callable[[dict], str]
     default: Any = None
-    choices: tuple[tuple[Any, str], ...] = ()   # (value, title); autocomplete: (name, meta)
+    choices: tuple[tuple[Any, str], ...] = ()  # (value, title); autocomplete: (name, meta)
     when: Callable[[dict], bool] = _always
-    validate: Validator = _accept               # cheap, runs as the user types (text kinds)
-    convert: Callable[[Any], Any] = _identity   # prompt result -> Answers value
+    validate: Validator = _accept  # cheap, runs as the user types (text kinds)
+    convert: Callable[[Any], Any] = _identity  # prompt result -> Answers value
     check: Callable[[Any], "bool | str"] | None = None  # slow check after Enter (may do I/O)
     warn: Callable[[Any, dict], "str | None"] | None = None  # accepted, but worth a warning
 
@@ -90,8 +97,10 @@ def settle(answers: dict, start: dict) -> dict:
 
 # --- validators: return True or the message shown under the prompt -------------------------
 
+
 def int_text(lo: int = 1, hi: int = 1 << 30, blank_ok: bool = False) -> Validator:
     """Validator for a whole number in [lo, hi]; blank allowed when ``blank_ok``."""
+
     def check(text: str, answers: dict) -> bool | str:
         text = text.strip()
         if not text:
@@ -101,6 +110,7 @@ def int_text(lo: int = 1, hi: int = 1 << 30, blank_ok: bool = False) -> Validato
         if not lo <= int(text) <= hi:
             return f"use {lo}-{hi}"
         return True
+
     return check
 
 
@@ -123,7 +133,10 @@ def _validate_model(text: str, answers: dict) -> bool | str:
 
 def _check_model(ref: str) -> bool | str:
     """Resolve the model once after Enter, so a typo is caught here and not after every question."""
-    from zerofit.models.resolve import resolve_model  # local: resolution may need transformers or the hub
+    from zerofit.models.resolve import (
+        resolve_model,
+    )  # local: resolution may need transformers or the hub
+
     try:
         resolve_model(ref)
     except ZerofitError as err:
@@ -145,8 +158,10 @@ def warn_main_address(addr: str, answers: dict) -> str | None:
     """A loopback main address in a multi-node plan: every other node would dial itself."""
     loopback = addr in ("localhost", "::1") or addr.startswith("127.")
     if loopback and answers.get("num_nodes", 1) > 1:
-        return (f"{addr} is this machine's loopback address: the other nodes cannot reach it; "
-                "use the main node's address on the cluster network")
+        return (
+            f"{addr} is this machine's loopback address: the other nodes cannot reach it; "
+            "use the main node's address on the cluster network"
+        )
     return None
 
 
@@ -155,7 +170,9 @@ def warn_main_port(port: int, answers: dict) -> str | None:
     if port == 22:
         return "port 22 is ssh's: the rendezvous cannot bind it where sshd runs; use e.g. 29500"
     if port < 1024:
-        return f"port {port} is privileged (only root may bind it); use a port above 1023, e.g. 29500"
+        return (
+            f"port {port} is privileged (only root may bind it); use a port above 1023, e.g. 29500"
+        )
     return None
 
 
@@ -164,7 +181,9 @@ def _validate_seq_len(text: str, answers: dict) -> bool | str:
     if ok is not True:
         return ok
     if answers.get("workload") == "grpo" and int(text) <= answers.get("completion_len", 0):
-        return f"must exceed the completion length {answers['completion_len']} (prompt + completion)"
+        return (
+            f"must exceed the completion length {answers['completion_len']} (prompt + completion)"
+        )
     return True
 
 
@@ -186,6 +205,7 @@ def _default_seq_len(base: Answers) -> Callable[[dict], int]:
         if answers.get("workload") == "grpo" and base.seq_len <= answers["completion_len"]:
             return answers["completion_len"] + 512  # room for a typical prompt
         return base.seq_len
+
     return default
 
 
@@ -193,7 +213,12 @@ def _default_global_batch(base: Answers) -> Callable[[dict], int | None]:
     def default(answers: dict) -> int | None:
         if base.global_batch is None:
             return None
-        return base.global_batch if _validate_global_batch(str(base.global_batch), answers) is True else None
+        return (
+            base.global_batch
+            if _validate_global_batch(str(base.global_batch), answers) is True
+            else None
+        )
+
     return default
 
 
@@ -202,6 +227,7 @@ def _default_precision(base: Answers) -> Callable[[dict], str]:
         if base.precision:
             return base.precision
         return gpu_precision(answers["gpu"])
+
     return default
 
 
@@ -230,12 +256,21 @@ def stack_matters(answers: dict) -> bool:
     and a loss path (memory/optimizers.py, memory/losses.py), so plan once per stack and compare."""
     from zerofit.planning.answers import answers_from_dict
     from zerofit.planning.plan import plan
+
     try:
         outcomes = set()
         for stack in STACKS:
             p = plan(answers_from_dict({**answers, "stack": stack}))
-            outcomes.add((p.stage, p.offload_optimizer, p.offload_param, p.gradient_checkpointing,
-                          p.micro_batch, p.fits))
+            outcomes.add(
+                (
+                    p.stage,
+                    p.offload_optimizer,
+                    p.offload_param,
+                    p.gradient_checkpointing,
+                    p.micro_batch,
+                    p.fits,
+                )
+            )
     except ZerofitError:
         return False
     return len(outcomes) > 1
@@ -248,19 +283,30 @@ _LAUNCHER_TITLES = {
     "slurm": "Slurm sbatch script (srun, rank from SLURM_NODEID)",
     "deepspeed": "deepspeed launcher with a hostfile (needs pdsh + passwordless ssh)",
 }
-_WORKLOAD_TITLES = {"sft": "sft  - supervised fine-tuning", "dpo": "dpo  - preference pairs + reference model",
-                    "grpo": "grpo - RL: generate completions, score, update"}
+_WORKLOAD_TITLES = {
+    "sft": "sft  - supervised fine-tuning",
+    "dpo": "dpo  - preference pairs + reference model",
+    "grpo": "grpo - RL: generate completions, score, update",
+}
 
 
 def gpu_choices() -> tuple[tuple[str, str], ...]:
     """(key, title) for every catalog GPU, e.g. ('A100-80GB', 'A100-80GB  NVIDIA A100 80GB, 79.15 GiB, bf16')."""
     width = max(len(k) for k in CATALOG)
-    return tuple((g.key, f"{g.key:<{width}}  {g.name}, {g.memory_gib:g} GiB, {'bf16' if g.bf16 else 'no bf16'}")
-                 for g in CATALOG.values())
+    return tuple(
+        (
+            g.key,
+            f"{g.key:<{width}}  {g.name}, {g.memory_gib:g} GiB, {'bf16' if g.bf16 else 'no bf16'}",
+        )
+        for g in CATALOG.values()
+    )
 
 
-def build_questions(base: Answers, detected: tuple[str | None, int] = (None, 0),
-                    models: Sequence[tuple[str, str]] = ()) -> tuple[Question, ...]:
+def build_questions(
+    base: Answers,
+    detected: tuple[str | None, int] = (None, 0),
+    models: Sequence[tuple[str, str]] = (),
+) -> tuple[Question, ...]:
     """The wizard's questions, in order, with defaults taken from ``base``.
 
     Args:
@@ -269,38 +315,124 @@ def build_questions(base: Answers, detected: tuple[str | None, int] = (None, 0),
         models: (name, description) of built-in models, offered as completions.
     """
     key, count = detected
-    found = f" (detected {count} x {key})" if key else (f" (detected {count} unknown GPUs)" if count else "")
+    found = (
+        f" (detected {count} x {key})"
+        if key
+        else (f" (detected {count} unknown GPUs)" if count else "")
+    )
     return (
-        Question("model", "autocomplete", "Model: built-in name (Tab completes), config.json, model dir or hub id",
-                 base.model, choices=tuple(models), validate=_validate_model, convert=str.strip, check=_check_model),
+        Question(
+            "model",
+            "autocomplete",
+            "Model: built-in name (Tab completes), config.json, model dir or hub id",
+            base.model,
+            choices=tuple(models),
+            validate=_validate_model,
+            convert=str.strip,
+            check=_check_model,
+        ),
         Question("gpu", "select", "GPU" + found, lookup(base.gpu).key, choices=gpu_choices()),
-        Question("gpus_per_node", "text", "GPUs per node" + (f" (detected {count})" if count else ""),
-                 base.gpus_per_node, validate=int_text(1, 64), convert=int),
-        Question("num_nodes", "text", "Number of nodes", base.num_nodes, validate=int_text(1, 4096), convert=int),
-        Question("main_process_ip", "text", "Main node address (IP or hostname, same on every node)",
-                 base.main_process_ip, when=_multi_node, validate=_validate_host, convert=str.strip,
-                 warn=warn_main_address),
-        Question("main_process_port", "text", "Main node port (free and reachable from every node)",
-                 base.main_process_port, when=_multi_node, validate=int_text(1, 65535), convert=int,
-                 warn=warn_main_port),
-        Question("launcher", "select", "Launch with", base.launcher, when=_multi_node,
-                 choices=tuple((n, _LAUNCHER_TITLES[n]) for n in LAUNCHERS)),
-        Question("workload", "select", "Workload", base.workload,
-                 choices=tuple((n, t) for n, t in _WORKLOAD_TITLES.items())),
-        Question("num_generations", "text", "GRPO completions per prompt (num_generations)", base.num_generations,
-                 when=_grpo, validate=int_text(2, 1024), convert=int),
-        Question("completion_len", "text", "GRPO generated tokens per completion", base.completion_len,
-                 when=_grpo, validate=int_text(1, 1 << 20), convert=int),
-        Question("seq_len", "text", lambda a: "Sequence length in tokens" + (" (prompt + completion)" if _grpo(a) else ""),
-                 _default_seq_len(base), validate=_validate_seq_len, convert=int),
-        Question("global_batch", "text",
-                 lambda a: f"Global batch, sequences per optimizer step on all {a['gpus_per_node'] * a['num_nodes']} GPUs"
-                           " (blank: planner picks)",
-                 _default_global_batch(base), validate=_validate_global_batch, convert=_optional_int),
-        Question("precision", "select", _precision_message, _default_precision(base),
-                 choices=tuple((p, p) for p in PRECISIONS)),
-        Question("stack", "select", "What runs the training (it changes the plan here)", base.stack,
-                 when=stack_matters, choices=tuple((n, _STACK_TITLES[n]) for n in STACKS)),
+        Question(
+            "gpus_per_node",
+            "text",
+            "GPUs per node" + (f" (detected {count})" if count else ""),
+            base.gpus_per_node,
+            validate=int_text(1, 64),
+            convert=int,
+        ),
+        Question(
+            "num_nodes",
+            "text",
+            "Number of nodes",
+            base.num_nodes,
+            validate=int_text(1, 4096),
+            convert=int,
+        ),
+        Question(
+            "main_process_ip",
+            "text",
+            "Main node address (IP or hostname, same on every node)",
+            base.main_process_ip,
+            when=_multi_node,
+            validate=_validate_host,
+            convert=str.strip,
+            warn=warn_main_address,
+        ),
+        Question(
+            "main_process_port",
+            "text",
+            "Main node port (free and reachable from every node)",
+            base.main_process_port,
+            when=_multi_node,
+            validate=int_text(1, 65535),
+            convert=int,
+            warn=warn_main_port,
+        ),
+        Question(
+            "launcher",
+            "select",
+            "Launch with",
+            base.launcher,
+            when=_multi_node,
+            choices=tuple((n, _LAUNCHER_TITLES[n]) for n in LAUNCHERS),
+        ),
+        Question(
+            "workload",
+            "select",
+            "Workload",
+            base.workload,
+            choices=tuple((n, t) for n, t in _WORKLOAD_TITLES.items()),
+        ),
+        Question(
+            "num_generations",
+            "text",
+            "GRPO completions per prompt (num_generations)",
+            base.num_generations,
+            when=_grpo,
+            validate=int_text(2, 1024),
+            convert=int,
+        ),
+        Question(
+            "completion_len",
+            "text",
+            "GRPO generated tokens per completion",
+            base.completion_len,
+            when=_grpo,
+            validate=int_text(1, 1 << 20),
+            convert=int,
+        ),
+        Question(
+            "seq_len",
+            "text",
+            lambda a: "Sequence length in tokens" + (" (prompt + completion)" if _grpo(a) else ""),
+            _default_seq_len(base),
+            validate=_validate_seq_len,
+            convert=int,
+        ),
+        Question(
+            "global_batch",
+            "text",
+            lambda a: f"Global batch, sequences per optimizer step on all {a['gpus_per_node'] * a['num_nodes']} GPUs"
+            " (blank: planner picks)",
+            _default_global_batch(base),
+            validate=_validate_global_batch,
+            convert=_optional_int,
+        ),
+        Question(
+            "precision",
+            "select",
+            _precision_message,
+            _default_precision(base),
+            choices=tuple((p, p) for p in PRECISIONS),
+        ),
+        Question(
+            "stack",
+            "select",
+            "What runs the training (it changes the plan here)",
+            base.stack,
+            when=stack_matters,
+            choices=tuple((n, _STACK_TITLES[n]) for n in STACKS),
+        ),
     )
 
 
@@ -309,9 +441,13 @@ def _auto(value: Any) -> Any:
 
 
 # Decisions the plan review lets the user override: name -> label shown in the menu.
-OVERRIDABLE = {"stage": "ZeRO stage", "offload_optimizer": "optimizer offload",
-               "offload_param": "parameter offload", "gradient_checkpointing": "gradient checkpointing",
-               "micro_batch": "micro batch per GPU"}
+OVERRIDABLE = {
+    "stage": "ZeRO stage",
+    "offload_optimizer": "optimizer offload",
+    "offload_param": "parameter offload",
+    "gradient_checkpointing": "gradient checkpointing",
+    "micro_batch": "micro batch per GPU",
+}
 
 
 def override_question(name: str, current: Any, planned: Any) -> Question:
@@ -327,18 +463,35 @@ def override_question(name: str, current: Any, planned: Any) -> Question:
     elif name in ("offload_optimizer", "offload_param"):
         choices = ((AUTO, auto_title),) + tuple((d, d) for d in OFFLOAD_DEVICES)
     elif name == "gradient_checkpointing":
-        choices = ((AUTO, auto_title), (True, "on (recompute activations, ~30% slower)"), (False, "off"))
+        choices = (
+            (AUTO, auto_title),
+            (True, "on (recompute activations, ~30% slower)"),
+            (False, "off"),
+        )
     else:
-        return Question(name, "text", f"{label} (blank: planner decides; now {planned})", current,
-                        validate=int_text(1, 4096, blank_ok=True), convert=_optional_int)
+        return Question(
+            name,
+            "text",
+            f"{label} (blank: planner decides; now {planned})",
+            current,
+            validate=int_text(1, 4096, blank_ok=True),
+            convert=_optional_int,
+        )
     return Question(name, "select", label, default, choices=choices, convert=_auto)
 
 
 def nvme_question(current: str | None) -> Question:
     """Asked after an override picks nvme offload and no path is set yet."""
-    return Question("nvme_path", "text", "NVMe directory for offload (fast local disk on every node)",
-                    current or "/local_nvme", validate=lambda t, a: True if t.strip().startswith("/") else
-                    "an absolute path, e.g. /local_nvme", convert=str.strip)
+    return Question(
+        "nvme_path",
+        "text",
+        "NVMe directory for offload (fast local disk on every node)",
+        current or "/local_nvme",
+        validate=lambda t, a: (
+            True if t.strip().startswith("/") else "an absolute path, e.g. /local_nvme"
+        ),
+        convert=str.strip,
+    )
 
 
 def start_answers(base: Answers) -> dict:

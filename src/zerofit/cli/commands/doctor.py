@@ -1,4 +1,5 @@
 """`zerofit doctor`: pre-flight checks on each node; `--serve`/`--connect` prove a port is reachable."""
+
 from __future__ import annotations
 
 import argparse
@@ -23,16 +24,31 @@ EXAMPLES = """examples:
 
 def register(sub) -> None:
     p = sub.add_parser(
-        "doctor", help="check this node before a (multi-node) job: versions, GPUs, disk, address, port, network",
+        "doctor",
+        help="check this node before a (multi-node) job: versions, GPUs, disk, address, port, network",
         description="Checks this node and prints pass / warn / fail with the fix for each. Exit 1 on any fail.",
-        epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config", metavar="YAML", help="this node's accelerate.yaml (GPU count, main address/port)")
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--config",
+        metavar="YAML",
+        help="this node's accelerate.yaml (GPU count, main address/port)",
+    )
     p.add_argument("--main-addr", help="main node address (default: the config's main_process_ip)")
-    p.add_argument("--main-port", type=int, help="main node port (default: the config's main_process_port)")
-    p.add_argument("--node-rank", type=int, help="this node's rank (default: the config's machine_rank)")
-    p.add_argument("--checkpoint-dir", metavar="DIR", help="where checkpoints go: free disk is checked")
+    p.add_argument(
+        "--main-port", type=int, help="main node port (default: the config's main_process_port)"
+    )
+    p.add_argument(
+        "--node-rank", type=int, help="this node's rank (default: the config's machine_rank)"
+    )
+    p.add_argument(
+        "--checkpoint-dir", metavar="DIR", help="where checkpoints go: free disk is checked"
+    )
     p.add_argument("--need-gib", type=float, help="GiB the checkpoints need (fails below it)")
-    p.add_argument("--compare", metavar="JSON", help="another node's `zerofit doctor --json` report")
+    p.add_argument(
+        "--compare", metavar="JSON", help="another node's `zerofit doctor --json` report"
+    )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument(
         "--allocation",
@@ -44,22 +60,34 @@ def register(sub) -> None:
         "--nodes", type=int, help="with --allocation: node count (default: $SLURM_NNODES)"
     )
     net = p.add_mutually_exclusive_group()
-    net.add_argument("--serve", type=int, metavar="PORT", help="listen on PORT for one --connect, then exit")
-    net.add_argument("--connect", metavar="ADDR:PORT", help="handshake with a --serve on another node")
-    p.add_argument("--timeout", type=float, default=60.0, help="seconds --serve waits / --connect tries (60)")
-    p.add_argument("--token", default="zerofit", help="shared word so --connect knows it reached --serve")
+    net.add_argument(
+        "--serve", type=int, metavar="PORT", help="listen on PORT for one --connect, then exit"
+    )
+    net.add_argument(
+        "--connect", metavar="ADDR:PORT", help="handshake with a --serve on another node"
+    )
+    p.add_argument(
+        "--timeout", type=float, default=60.0, help="seconds --serve waits / --connect tries (60)"
+    )
+    p.add_argument(
+        "--token", default="zerofit", help="shared word so --connect knows it reached --serve"
+    )
     p.set_defaults(func=run)
 
 
 def _load(path: str, what: str) -> dict:
     """A --compare JSON report or a --config accelerate.yaml, as a mapping (ZerofitError otherwise)."""
     import yaml
+
     try:
         text = Path(path).read_text()
     except OSError as exc:
         raise ZerofitError(what, f"cannot read {path} ({exc.strerror})", "check the path") from None
-    fix = ("pass the file written by `zerofit doctor --json`" if what == "compare"
-           else "regenerate it with `zerofit config`")
+    fix = (
+        "pass the file written by `zerofit doctor --json`"
+        if what == "compare"
+        else "regenerate it with `zerofit config`"
+    )
     try:
         data = json.loads(text) if what == "compare" else yaml.safe_load(text)
     except (ValueError, yaml.YAMLError) as exc:
@@ -73,24 +101,33 @@ def _parse_target(text: str) -> tuple[str, int]:
     addr, sep, port = text.rpartition(":")
     addr = addr.strip("[]")
     if not sep or not addr or not port.isdigit() or not 1 <= int(port) <= 65535:
-        raise ZerofitError("connect", f"{text!r} is not ADDR:PORT", "use e.g. --connect 10.0.0.1:29500")
+        raise ZerofitError(
+            "connect", f"{text!r} is not ADDR:PORT", "use e.g. --connect 10.0.0.1:29500"
+        )
     return addr, int(port)
 
 
 def _net(args) -> int:
     from zerofit.doctor.net import connect, serve
+
     if args.timeout <= 0:
         raise ZerofitError("timeout", f"{args.timeout:g} must be positive", "use e.g. --timeout 60")
     if args.serve is not None:
         if not 1 <= args.serve <= 65535:
             raise ZerofitError("serve", f"{args.serve} is out of range", "use a port in 1-65535")
-        print(f"zerofit doctor: listening on port {args.serve} for {args.timeout:g} s; "
-              f"run `zerofit doctor --connect THIS_HOST:{args.serve}` on the other node", flush=True)
+        print(
+            f"zerofit doctor: listening on port {args.serve} for {args.timeout:g} s; "
+            f"run `zerofit doctor --connect THIS_HOST:{args.serve}` on the other node",
+            flush=True,
+        )
         ok, message = serve(args.serve, args.token, args.timeout)
     else:
         addr, port = _parse_target(args.connect)
         ok, message = connect(addr, port, args.token, args.timeout)
-    print(f"{'PASS' if ok else 'FAIL'}  reachability  {message}", file=sys.stdout if ok else sys.stderr)
+    print(
+        f"{'PASS' if ok else 'FAIL'}  reachability  {message}",
+        file=sys.stdout if ok else sys.stderr,
+    )
     return 0 if ok else 1
 
 
@@ -132,14 +169,23 @@ def run(args: argparse.Namespace) -> int:
         return _net(args)
     from zerofit.doctor.checks import build_report, gather_facts, render_report, run_checks
     from zerofit.doctor.checks import validate_config
+
     config = validate_config(_load(args.config, "config")) if args.config else None
     other = _load(args.compare, "compare") if args.compare else None
     if args.main_port is not None and not 1 <= args.main_port <= 65535:
-        raise ZerofitError("main_port", f"{args.main_port} is out of range", "use a port in 1-65535")
+        raise ZerofitError(
+            "main_port", f"{args.main_port} is out of range", "use a port in 1-65535"
+        )
     if args.allocation:
         _fill_from_slurm(args)
-    facts = gather_facts(config, main_addr=args.main_addr, main_port=args.main_port, node_rank=args.node_rank,
-                         checkpoint_dir=args.checkpoint_dir, need_gib=args.need_gib)
+    facts = gather_facts(
+        config,
+        main_addr=args.main_addr,
+        main_port=args.main_port,
+        node_rank=args.node_rank,
+        checkpoint_dir=args.checkpoint_dir,
+        need_gib=args.need_gib,
+    )
     if args.allocation:
         return _allocation(args, facts)
     checks = run_checks(facts, other)

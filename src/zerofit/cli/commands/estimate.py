@@ -216,8 +216,12 @@ def verdict_line(r: dict) -> str:
     return f"does NOT fit: needs {gpu} and {host}, {has}"
 
 
-def estimate_from_files(flags: dict, ds_config: str | None = None,
-                        accelerate_config: str | None = None, base: dict | None = None) -> dict:
+def estimate_from_files(
+    flags: dict,
+    ds_config: str | None = None,
+    accelerate_config: str | None = None,
+    base: dict | None = None,
+) -> dict:
     """The estimate of the user's own config files: what ``zerofit estimate --ds-config FILE
     --accelerate-config FILE`` prints as JSON.
 
@@ -248,8 +252,11 @@ def run(args) -> int:
     base: dict = {}
     if getattr(args, "answers", None):
         base = answers_to_dict(load_answers(_read("--answers", args.answers)))
-    flags = {f.name: getattr(args, f.name) for f in fields(Answers)
-             if getattr(args, f.name, None) is not None}
+    flags = {
+        f.name: getattr(args, f.name)
+        for f in fields(Answers)
+        if getattr(args, f.name, None) is not None
+    }
     result = estimate_from_files(flags, args.ds_config, args.accelerate_config, base)
     if args.json:
         print(json.dumps(result, indent=2))

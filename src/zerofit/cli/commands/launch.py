@@ -1,4 +1,5 @@
 """`zerofit launch`: the per-node launch commands (or slurm / deepspeed files) for one multi-node job."""
+
 from __future__ import annotations
 
 import argparse
@@ -22,25 +23,58 @@ EXAMPLES = """examples:
 
 def register(sub) -> None:
     p = sub.add_parser(
-        "launch", help="render the launch command of every node (accelerate, torchrun, env, slurm, deepspeed)",
+        "launch",
+        help="render the launch command of every node (accelerate, torchrun, env, slurm, deepspeed)",
         description="Render one multi-node job in the dialect you use. Every node gets the same node count, "
-                    "main address and port; only its rank differs. Without --out the files are printed.",
-        epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config", action="append", default=[], metavar="YAML",
-                   help="accelerate.yaml from `zerofit config`: one shared, or one per node in rank order")
-    p.add_argument("--style", choices=STYLES, help="launch dialect (default: accelerate with --config, else torchrun)")
+        "main address and port; only its rank differs. Without --out the files are printed.",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--config",
+        action="append",
+        default=[],
+        metavar="YAML",
+        help="accelerate.yaml from `zerofit config`: one shared, or one per node in rank order",
+    )
+    p.add_argument(
+        "--style",
+        choices=STYLES,
+        help="launch dialect (default: accelerate with --config, else torchrun)",
+    )
     p.add_argument("--nodes", type=int, help="number of nodes (must match the config)")
-    p.add_argument("--gpus-per-node", type=int, dest="procs_per_node", metavar="M",
-                   help="processes per node (must match the config)")
+    p.add_argument(
+        "--gpus-per-node",
+        type=int,
+        dest="procs_per_node",
+        metavar="M",
+        help="processes per node (must match the config)",
+    )
     p.add_argument("--main-addr", help="address of node 0 that every node can reach")
-    p.add_argument("--main-port", type=int, help="free port on node 0 (default: the config's, else 29500)")
-    p.add_argument("--rdzv-id", default="zerofit", dest="job_id", help="job id for c10d rendezvous / slurm job name")
-    p.add_argument("--rdzv-backend", choices=RDZV_BACKENDS,
-                   help="rendezvous of the accelerate style (default: the config's, else static; "
-                        "torchrun style: c10d; torchrun-static: static)")
-    p.add_argument("--timeout", type=int, default=600, help="seconds a node waits for the others to join (600)")
-    p.add_argument("--hosts", help="comma-separated hostnames for the deepspeed hostfile, node 0 first")
-    p.add_argument("--python", default="python", help="interpreter of the env style (default: python)")
+    p.add_argument(
+        "--main-port", type=int, help="free port on node 0 (default: the config's, else 29500)"
+    )
+    p.add_argument(
+        "--rdzv-id",
+        default="zerofit",
+        dest="job_id",
+        help="job id for c10d rendezvous / slurm job name",
+    )
+    p.add_argument(
+        "--rdzv-backend",
+        choices=RDZV_BACKENDS,
+        help="rendezvous of the accelerate style (default: the config's, else static; "
+        "torchrun style: c10d; torchrun-static: static)",
+    )
+    p.add_argument(
+        "--timeout", type=int, default=600, help="seconds a node waits for the others to join (600)"
+    )
+    p.add_argument(
+        "--hosts", help="comma-separated hostnames for the deepspeed hostfile, node 0 first"
+    )
+    p.add_argument(
+        "--python", default="python", help="interpreter of the env style (default: python)"
+    )
     p.add_argument("--log-dir", default="logs", help="slurm log directory (default: logs)")
     p.add_argument(
         "--workdir",
@@ -102,23 +136,33 @@ def register(sub) -> None:
     )
     p.add_argument("--out", metavar="DIR", help="write the files here instead of printing them")
     p.add_argument("--force", action="store_true", help="overwrite existing files in --out")
-    p.add_argument("command", nargs="*", metavar="-- SCRIPT ARGS", help="training script and its arguments")
+    p.add_argument(
+        "command", nargs="*", metavar="-- SCRIPT ARGS", help="training script and its arguments"
+    )
     p.set_defaults(func=run)
 
 
 def _read_configs(paths: list[str]) -> list[dict]:
     import yaml
+
     configs = []
     for path in paths:
         try:
             data = yaml.safe_load(Path(path).read_text())
         except OSError as exc:
-            raise ZerofitError("config", f"cannot read {path} ({exc.strerror})", "check the path") from None
+            raise ZerofitError(
+                "config", f"cannot read {path} ({exc.strerror})", "check the path"
+            ) from None
         except yaml.YAMLError as exc:
-            raise ZerofitError("config", f"{path} is not valid YAML ({str(exc).splitlines()[0]})",
-                               "fix the YAML or regenerate it with `zerofit config`") from None
+            raise ZerofitError(
+                "config",
+                f"{path} is not valid YAML ({str(exc).splitlines()[0]})",
+                "fix the YAML or regenerate it with `zerofit config`",
+            ) from None
         if not isinstance(data, dict):
-            raise ZerofitError("config", f"{path} is not an accelerate config mapping", "regenerate it")
+            raise ZerofitError(
+                "config", f"{path} is not an accelerate config mapping", "regenerate it"
+            )
         configs.append(data)
     return configs
 
@@ -196,6 +240,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"zerofit: warning: {line}", file=sys.stderr)
     if args.out:
         from zerofit.files import write_files
+
         for path in write_files(args.out, files, args.force):
             if path.suffix in (".sh", ".sbatch"):
                 path.chmod(0o755)

@@ -1,15 +1,21 @@
 """`zerofit presets`: list the shipped DeepSpeed/accelerate presets, or regenerate them."""
+
 from __future__ import annotations
 
 import json
 
 
 def register(sub) -> None:
-    p = sub.add_parser("presets", help="list the deepspeed_configs/ presets, or write them",
-                       description="List the preset DeepSpeed JSON and accelerate YAML files with when to use "
-                                   "each; --write regenerates them from the builder.")
+    p = sub.add_parser(
+        "presets",
+        help="list the deepspeed_configs/ presets, or write them",
+        description="List the preset DeepSpeed JSON and accelerate YAML files with when to use "
+        "each; --write regenerates them from the builder.",
+    )
     p.add_argument("--write", action="store_true", help="write the presets into --dir")
-    p.add_argument("--dir", default="deepspeed_configs", help="target directory (default: deepspeed_configs)")
+    p.add_argument(
+        "--dir", default="deepspeed_configs", help="target directory (default: deepspeed_configs)"
+    )
     p.add_argument("--force", action="store_true", help="overwrite existing files")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=run)
@@ -20,6 +26,7 @@ def run(args) -> int:
 
     if args.write:
         from zerofit.files import write_files
+
         for path in write_files(args.dir, render_presets(), force=args.force):
             print(f"wrote {path}")
         return 0
