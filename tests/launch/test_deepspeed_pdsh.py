@@ -90,9 +90,12 @@ def test_deepspeed_launcher_over_pdsh_trains_on_two_hosts(
         argv += ["--note", note]
     assert main(argv) == 0
     env_file = (project / "ds" / ".deepspeed_env").read_text()
+    # `zerofit config` names its JSON by absolute path (accelerate opens it relative to each
+    # worker's working directory); launch carries it into .deepspeed_env as written
+    ds_json = (project / "cfg" / "ds_config.json").resolve()
     assert (
         "GLOO_SOCKET_IFNAME=zfeth0\n" in env_file
-        and "ACCELERATE_DEEPSPEED_CONFIG_FILE=cfg/ds_config.json\n" in env_file
+        and f"ACCELERATE_DEEPSPEED_CONFIG_FILE={ds_json}\n" in env_file
     )
 
     elsewhere = tmp_path / "elsewhere"  # launch.sh finds its hostfile and the project from anywhere
