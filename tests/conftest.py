@@ -112,3 +112,47 @@ def tiny_model_dir(tmp_path) -> Path:
 
 def read_json(path: Path) -> dict:
     return json.loads(Path(path).read_text())
+
+
+def two_node_config_argv(port: int | str, *extra: str, gpu: str = "H100-SXM") -> list[str]:
+    """`zerofit config` argv for the shape every real multi-node test launches: qwen2.5-0.5b,
+    2 nodes x 1 GPU, ZeRO-2, written to ./cfg; ``extra`` adds the test's own batch/workload flags.
+    """
+    return [
+        "config",
+        "--model",
+        "qwen2.5-0.5b",
+        "--gpu",
+        gpu,
+        "--gpus-per-node",
+        "1",
+        "--nodes",
+        "2",
+        "--stage",
+        "2",
+        *extra,
+        "--main-process-port",
+        str(port),
+        "--out",
+        "cfg",
+    ]
+
+
+# The GRPO sizes of the two-node recipe runs (test_multinode, the Slurm cluster): a tiny batch the
+# recipe's toy task trains on in seconds.
+GRPO_TWO_NODE_FLAGS = (
+    "--workload",
+    "grpo",
+    "--global-batch",
+    "16",
+    "--micro-batch",
+    "8",
+    "--num-generations",
+    "8",
+    "--seq-len",
+    "16",
+    "--completion-len",
+    "8",
+    "--precision",
+    "bf16",
+)

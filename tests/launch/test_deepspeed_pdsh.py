@@ -23,6 +23,7 @@ import pytest
 
 from real_cluster import in_ns
 from real_cluster import ssh_hosts, tool_path  # noqa: F401  (pytest fixtures)
+from conftest import two_node_config_argv
 from zerofit.cli.main import main
 
 pytestmark = pytest.mark.distributed
@@ -38,32 +39,7 @@ def test_deepspeed_launcher_over_pdsh_trains_on_two_hosts(
     project = tmp_path / "project"
     project.mkdir()
     monkeypatch.chdir(project)
-    assert (
-        main(
-            [
-                "config",
-                "--model",
-                "qwen2.5-0.5b",
-                "--gpu",
-                "H100-SXM",
-                "--gpus-per-node",
-                "1",
-                "--nodes",
-                "2",
-                "--stage",
-                "2",
-                "--micro-batch",
-                "2",
-                "--global-batch",
-                "4",
-                "--main-process-port",
-                "29544",
-                "--out",
-                "cfg",
-            ]
-        )
-        == 0
-    )
+    assert main(two_node_config_argv(29544, "--micro-batch", "2", "--global-batch", "4")) == 0
     pwned = tmp_path / "pwned"
     hostile = f"arg $(touch {pwned})"
     notes = [hostile, "it's", f"`touch {pwned}`", 'say "hi" \\ $HOME', "tab\there"]

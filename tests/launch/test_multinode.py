@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import GRPO_TWO_NODE_FLAGS, two_node_config_argv
 from zerofit.cli.main import main
 
 pytestmark = pytest.mark.distributed
@@ -45,27 +46,7 @@ def cluster(tmp_path: Path, monkeypatch) -> Path:
     nodes run from tmp_path like a user launching from their project directory.
     """
     monkeypatch.chdir(tmp_path)
-    argv = [
-        "config",
-        "--model",
-        "qwen2.5-0.5b",
-        "--gpu",
-        "H100-SXM",
-        "--gpus-per-node",
-        "1",
-        "--nodes",
-        "2",
-        "--stage",
-        "2",
-        "--micro-batch",
-        "2",
-        "--global-batch",
-        "4",
-        "--main-process-port",
-        str(free_port()),
-        "--out",
-        "cfg",
-    ]
+    argv = two_node_config_argv(free_port(), "--micro-batch", "2", "--global-batch", "4")
     assert main(argv) == 0
     assert (
         json.loads((tmp_path / "cfg" / "ds_config.json").read_text())["zero_optimization"]["stage"]
@@ -194,42 +175,7 @@ def test_two_nodes_train_and_exit_zero(cluster: Path, style: str, tools: str) ->
 def test_grpo_recipe_on_two_nodes(tmp_path: Path, monkeypatch, tools: str) -> None:
     """The GRPO recipe (tiny built-in model and toy task) through `zerofit config` + `zerofit launch`."""
     monkeypatch.chdir(tmp_path)
-    assert (
-        main(
-            [
-                "config",
-                "--model",
-                "qwen2.5-0.5b",
-                "--gpu",
-                "L4",
-                "--gpus-per-node",
-                "1",
-                "--nodes",
-                "2",
-                "--workload",
-                "grpo",
-                "--stage",
-                "2",
-                "--global-batch",
-                "16",
-                "--micro-batch",
-                "8",
-                "--num-generations",
-                "8",
-                "--seq-len",
-                "16",
-                "--completion-len",
-                "8",
-                "--precision",
-                "bf16",
-                "--main-process-port",
-                str(free_port()),
-                "--out",
-                "cfg",
-            ]
-        )
-        == 0
-    )
+    assert main(two_node_config_argv(free_port(), *GRPO_TWO_NODE_FLAGS, gpu="L4")) == 0
     assert (
         main(
             [

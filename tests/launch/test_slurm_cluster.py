@@ -26,6 +26,7 @@ import yaml
 
 from real_cluster import kill_pids, ns_pids, wait_until
 from real_cluster import slurm_cluster, tool_path  # noqa: F401  (pytest fixtures)
+from conftest import GRPO_TWO_NODE_FLAGS, two_node_config_argv
 from zerofit.cli.main import main
 
 pytestmark = pytest.mark.distributed
@@ -44,42 +45,7 @@ def project(tmp_path: Path, monkeypatch) -> Path:
     CPU run instead of failing on "0 GPUs visible, 1 wanted" (what it should say otherwise).
     """
     monkeypatch.chdir(tmp_path)
-    assert (
-        main(
-            [
-                "config",
-                "--model",
-                "qwen2.5-0.5b",
-                "--gpu",
-                "L4",
-                "--gpus-per-node",
-                "1",
-                "--nodes",
-                "2",
-                "--workload",
-                "grpo",
-                "--stage",
-                "2",
-                "--global-batch",
-                "16",
-                "--micro-batch",
-                "8",
-                "--num-generations",
-                "8",
-                "--seq-len",
-                "16",
-                "--completion-len",
-                "8",
-                "--precision",
-                "bf16",
-                "--main-process-port",
-                "29533",
-                "--out",
-                "cfg",
-            ]
-        )
-        == 0
-    )
+    assert main(two_node_config_argv(29533, *GRPO_TWO_NODE_FLAGS, gpu="L4")) == 0
     cfg = tmp_path / "cfg" / "accelerate.yaml"
     data = yaml.safe_load(cfg.read_text())
     cfg.write_text(yaml.safe_dump(dict(data, use_cpu=True)))
