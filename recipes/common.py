@@ -523,6 +523,19 @@ def setup_run(args: RunArgs, project: str) -> tuple[Run, str]:
     return run, claim_output_dir(accelerator, args)
 
 
+def checkpoint_on_schedule(run: Run, args: RunArgs, step: int) -> None:
+    """Every `--save-every` steps and at the last one, a checkpoint of a row-based recipe (sft,
+    dpo): its state records how many rows a step takes, which a resume checks."""
+    if not args.save_every or (step % args.save_every and step != args.max_steps):
+        return
+    state = {
+        "step": step,
+        "rows_per_step": run.rows_per_step,
+        "rows_seen": step * run.rows_per_step,
+    }
+    save_checkpoint(run.accelerator, args.output_dir, step, state, args.save_total_limit)
+
+
 def start_progress(accelerator, project: str, args, start_step: int):
     """Trackers (tensorboard if installed) and the progress bar of the main loop."""
     from tqdm.auto import tqdm

@@ -304,13 +304,7 @@ def main(argv=None) -> None:
             loss=f"{metrics['loss']:.4f}", margin=f"{metrics['reward_margin']:.3f}", refresh=False
         )
         bar.update(1)
-        if args.save_every and (step % args.save_every == 0 or step == args.max_steps):
-            state = {
-                "step": step,
-                "rows_per_step": run.rows_per_step,
-                "rows_seen": step * run.rows_per_step,
-            }
-            common.save_checkpoint(accelerator, args.output_dir, step, state, args.save_total_limit)
+        common.checkpoint_on_schedule(run, args, step)
     bar.close()
 
     common.save_final_model(accelerator, model, tok, args.output_dir, "dpo")
