@@ -16,19 +16,20 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import os
-import socket
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-RECIPE = REPO / "recipes" / "grpo.py"
-BIN = Path(sys.executable).parent
-# (hidden, intermediate, layers, heads, kv heads, vocab) of each benchmark model
-SHAPES = {"tiny": (64, 128, 2, 4, 2, None), "qwen2.5-0.5b": (896, 4864, 24, 14, 2, 151936)}
+from launch_setup import (
+    gloo_if_cpu_ddp,
+    run_recipe,
+    run_trl_worker,
+    save_random_model,
+    step_timer,
+    trl_worker_command,
+    worker_setting,
+    write_zero_configs,
+)
 
 
 def setting(gpu: bool) -> dict:
@@ -54,38 +55,11 @@ def setting(gpu: bool) -> dict:
     }
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def write_inputs(work: Path, cfg: dict, gpu: bool) -> None:
-    """Model dir (random init, saved), prompts of exactly `prompt` tokens, and accelerate/DeepSpeed configs."""
-    sys.path.insert(0, str(RECIPE.parent))
-    import grpo
+    """Model dir (random init, saved), prompts of exactly `prompt` tokens, and the ZeRO configs."""
     import torch
-    from transformers import AutoModelForCausalLM, Qwen2Config
 
-    tok = grpo.build_tiny_tokenizer()
-    hidden, inter, layers, heads, kv, vocab = SHAPES[cfg["shape"]]
-    model_cfg = Qwen2Config(
-        vocab_size=vocab or len(tok),
-        hidden_size=hidden,
-        intermediate_size=inter,
-        num_hidden_layers=layers,
-        num_attention_heads=heads,
-        num_key_value_heads=kv,
-        max_position_embeddings=1024,
-        tie_word_embeddings=True,
-        pad_token_id=tok.pad_token_id,
-        eos_token_id=tok.eos_token_id,
-        bos_token_id=None,
-    )
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(model_cfg)
-    model.save_pretrained(work / "model")
-    tok.save_pretrained(work / "model")
+    save_random_model(work, cfg["shape"], max_positions=1024)
     gen = torch.Generator().manual_seed(0)
     with open(work / "data.jsonl", "w") as f:
         for _ in range(64):
@@ -93,50 +67,11 @@ def write_inputs(work: Path, cfg: dict, gpu: bool) -> None:
                 str(int(d)) for d in torch.randint(0, 10, (cfg["prompt"] - 1,), generator=gen)
             )
             f.write(json.dumps({"prompt": digits + "=", "answer": str(int(digits[-2:]))}) + "\n")
-    for stage in (2, 3):
-        ds = {
-            "train_micro_batch_size_per_gpu": cfg["micro"],
-            "gradient_accumulation_steps": cfg["accum"],
-            "gradient_clipping": 1.0,
-            "bf16": {"enabled": gpu},
-            "zero_optimization": {"stage": stage},
-        }
-        (work / f"zero{stage}.json").write_text(json.dumps(ds))
-        (work / f"zero{stage}.yaml").write_text(
-            "distributed_type: DEEPSPEED\nnum_processes: 1\nnum_machines: 1\nmachine_rank: 0\n"
-            f"deepspeed_config:\n  deepspeed_config_file: {work / f'zero{stage}.json'}\n  zero3_init_flag: false\n"
-        )
-
-
-def launch_prefix(mode: str, work: Path, gpu: bool) -> list[str]:
-    cmd = [str(BIN / "accelerate"), "launch", "--main_process_port", str(free_port())]
-    if mode == "plain":
-        return (
-            cmd
-            + ["--num_processes", "1", "--mixed_precision", "bf16" if gpu else "no"]
-            + ([] if gpu else ["--cpu"])
-        )
-    return cmd + ["--config_file", str(work / f"{mode}.yaml")]
+    write_zero_configs(work, cfg, gpu)
 
 
 def run_ours(mode: str, work: Path, cfg: dict, gpu: bool, warmup: int, steps: int) -> dict:
-    out = work / f"ours-{mode}"
-    cmd = launch_prefix(mode, work, gpu) + [
-        str(RECIPE),
-        "--model",
-        str(work / "model"),
-        "--dataset",
-        str(work / "data.jsonl"),
-        "--output-dir",
-        str(out),
-        "--max-steps",
-        str(warmup + steps),
-        "--save-every",
-        "0",
-        "--per-device-batch-size",
-        str(cfg["micro"]),
-        "--gradient-accumulation-steps",
-        str(cfg["accum"]),
+    flags = [
         "--num-generations",
         str(cfg["gens"]),
         "--max-completion-len",
@@ -147,18 +82,16 @@ def run_ours(mode: str, work: Path, cfg: dict, gpu: bool, warmup: int, steps: in
         "format",
         "--reward-weights",
         "1",
-        "--learning-rate",
-        "1e-6",
     ]
-    res = subprocess.run(cmd, capture_output=True, text=True)
-    if res.returncode != 0:
-        return {"error": (res.stdout + res.stderr)[-1500:]}
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()][warmup:]
-    tokens, seconds = sum(r["tokens"] for r in rows), sum(r["step_s"] for r in rows)
+    rows = run_recipe("grpo", mode, work, cfg, gpu, warmup + steps, flags, work / f"ours-{mode}")
+    if isinstance(rows, dict):
+        return rows
+    timed = rows[warmup:]
+    tokens, seconds = sum(r["tokens"] for r in timed), sum(r["step_s"] for r in timed)
     return {
         "tok_s": tokens / seconds,
-        "step_s": seconds / len(rows),
-        "completion_tokens_per_step": tokens / len(rows),
+        "step_s": seconds / len(timed),
+        "completion_tokens_per_step": tokens / len(timed),
     }
 
 
@@ -166,48 +99,20 @@ def run_trl(mode: str, work: Path, cfg: dict, gpu: bool, warmup: int, steps: int
     if importlib.util.find_spec("trl") is None:
         return {"skipped": "trl is not installed"}
     out = work / f"trl-{mode}"
-    cmd = launch_prefix(mode, work, gpu) + [
-        __file__,
-        "--trl-worker",
-        str(work),
-        "--mode",
-        mode,
-        "--warmup",
-        str(warmup),
-        "--steps",
-        str(steps),
-        "--out",
-        str(out),
-    ]
-    res = subprocess.run(
-        cmd, capture_output=True, text=True, env={**os.environ, "BENCH_CFG": json.dumps(cfg)}
-    )
-    if res.returncode != 0:
-        return {"error": (res.stdout + res.stderr)[-1500:]}
-    return json.loads(out.read_text())
+    cmd = trl_worker_command(__file__, mode, work, gpu, warmup, steps, out) + ["--mode", mode]
+    return run_trl_worker(cmd, cfg, out)
 
 
 def trl_worker(args) -> None:
     """Runs inside `accelerate launch`: trl's GRPOTrainer on the same inputs, timed per optimizer step."""
     import torch
     from datasets import Dataset
-    from transformers import AutoTokenizer, TrainerCallback
+    from transformers import AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
 
-    cfg, work, gpu = (
-        json.loads(os.environ["BENCH_CFG"]),
-        Path(args.trl_worker),
-        torch.cuda.is_available(),
-    )
+    cfg, work, gpu = worker_setting(), Path(args.trl_worker), torch.cuda.is_available()
     rows = [json.loads(line) for line in (work / "data.jsonl").read_text().splitlines()]
     times: list[float] = []
-
-    class Timer(TrainerCallback):
-        def on_step_begin(self, *a, **k):
-            self.t0 = time.time()
-
-        def on_step_end(self, *a, **k):
-            times.append(time.time() - self.t0)
 
     def format_reward(completions, **kw):
         return [1.0 if c.strip().isdigit() else 0.0 for c in completions]
@@ -228,7 +133,7 @@ def trl_worker(args) -> None:
         bf16=gpu,
         use_cpu=not gpu,
         seed=0,
-        ddp_backend="gloo" if not gpu and int(os.environ.get("WORLD_SIZE", "1")) > 1 else None,
+        ddp_backend=gloo_if_cpu_ddp(),
     )
     trainer = GRPOTrainer(
         model=str(work / "model"),
@@ -236,7 +141,7 @@ def trl_worker(args) -> None:
         args=conf,
         train_dataset=Dataset.from_list(rows),
         processing_class=AutoTokenizer.from_pretrained(work / "model"),
-        callbacks=[Timer()],
+        callbacks=[step_timer(times)],
     )
     trainer.train()
     logs = [h for h in trainer.state.log_history if "completions/mean_length" in h]

@@ -20,20 +20,23 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import os
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-RECIPES = REPO / "recipes"
-BIN = Path(sys.executable).parent
-# (hidden, intermediate, layers, heads, kv heads, vocab or None = the tiny tokenizer's)
-SHAPES = {"small": (256, 512, 4, 4, 2, None), "qwen2.5-0.5b": (896, 4864, 24, 14, 2, 151936)}
+from launch_setup import (
+    REPO,
+    gloo_if_cpu_ddp,
+    run_recipe,
+    run_trl_worker,
+    save_random_model,
+    step_timer,
+    trl_worker_command,
+    worker_setting,
+    write_zero_configs,
+)
 
 
 def setting(gpu: bool) -> dict:
@@ -49,12 +52,6 @@ def setting(gpu: bool) -> dict:
     return {"shape": "small", "prompt": 32, "completion": 32, "micro": 8, "accum": 2, "rows": 128}
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def digits(generator, count: int) -> str:
     import torch
 
@@ -63,29 +60,9 @@ def digits(generator, count: int) -> str:
 
 def write_inputs(work: Path, cfg: dict, gpu: bool) -> None:
     """Model dir, SFT rows and DPO pairs of fixed length, and DeepSpeed/accelerate configs."""
-    sys.path.insert(0, str(RECIPES))
-    import common
     import torch
-    from transformers import AutoModelForCausalLM, Qwen2Config
 
-    tok = common.build_tiny_tokenizer()
-    hidden, inter, layers, heads, kv, vocab = SHAPES[cfg["shape"]]
-    model_cfg = Qwen2Config(
-        vocab_size=vocab or len(tok),
-        hidden_size=hidden,
-        intermediate_size=inter,
-        num_hidden_layers=layers,
-        num_attention_heads=heads,
-        num_key_value_heads=kv,
-        max_position_embeddings=2048,
-        tie_word_embeddings=True,
-        pad_token_id=tok.pad_token_id,
-        eos_token_id=tok.eos_token_id,
-        bos_token_id=None,
-    )
-    torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(model_cfg).save_pretrained(work / "model")
-    tok.save_pretrained(work / "model")
+    save_random_model(work, cfg["shape"], max_positions=2048)
     gen = torch.Generator().manual_seed(0)
     prompt_len, answer_len = cfg["prompt"], cfg["completion"] - 1  # + EOS on both sides
     with open(work / "sft.jsonl", "w") as sft, open(work / "dpo.jsonl", "w") as dpo:
@@ -102,30 +79,7 @@ def write_inputs(work: Path, cfg: dict, gpu: bool) -> None:
                 )
                 + "\n"
             )
-    for stage in (2, 3):
-        ds = {
-            "train_micro_batch_size_per_gpu": cfg["micro"],
-            "gradient_accumulation_steps": cfg["accum"],
-            "gradient_clipping": 1.0,
-            "bf16": {"enabled": gpu},
-            "zero_optimization": {"stage": stage},
-        }
-        if stage == 3:
-            ds["zero_optimization"]["stage3_gather_16bit_weights_on_model_save"] = True
-        (work / f"zero{stage}.json").write_text(json.dumps(ds))
-        (work / f"zero{stage}.yaml").write_text(
-            "distributed_type: DEEPSPEED\nnum_processes: 1\nnum_machines: 1\nmachine_rank: 0\n"
-            f"deepspeed_config:\n  deepspeed_config_file: {work / f'zero{stage}.json'}\n"
-            "  zero3_init_flag: false\n"
-        )
-
-
-def launch_prefix(mode: str, work: Path, gpu: bool) -> list[str]:
-    cmd = [str(BIN / "accelerate"), "launch", "--main_process_port", str(free_port())]
-    if mode != "plain":
-        return cmd + ["--config_file", str(work / f"{mode}.yaml")]
-    cmd += ["--num_processes", "1", "--mixed_precision", "bf16" if gpu else "no"]
-    return cmd if gpu else cmd + ["--cpu"]
+    write_zero_configs(work, cfg, gpu)
 
 
 def tokens_per_step(recipe: str, cfg: dict) -> int:
@@ -138,39 +92,19 @@ def tokens_per_step(recipe: str, cfg: dict) -> int:
 def run_ours(
     recipe: str, mode: str, work: Path, cfg: dict, gpu: bool, warmup: int, steps: int, attempt: int
 ) -> dict:
-    out = work / f"ours-{recipe}-{mode}-{attempt}"
-    flags = [
-        "--model",
-        str(work / "model"),
-        "--dataset",
-        str(work / f"{recipe}.jsonl"),
-        "--output-dir",
-        str(out),
-        "--max-steps",
-        str(warmup + steps),
-        "--save-every",
-        "0",
-        "--per-device-batch-size",
-        str(cfg["micro"]),
-        "--gradient-accumulation-steps",
-        str(cfg["accum"]),
-        "--learning-rate",
-        "1e-6",
-    ]
     if recipe == "sft":
-        flags += ["--max-seq-len", str(cfg["prompt"] + cfg["completion"])]
+        flags = ["--max-seq-len", str(cfg["prompt"] + cfg["completion"])]
     else:
-        flags += [
+        flags = [
             "--max-prompt-len",
             str(cfg["prompt"]),
             "--max-completion-len",
             str(cfg["completion"]),
         ]
-    cmd = launch_prefix(mode, work, gpu) + [str(RECIPES / f"{recipe}.py"), *flags]
-    res = subprocess.run(cmd, capture_output=True, text=True)
-    if res.returncode != 0:
-        return {"error": (res.stdout + res.stderr)[-1500:]}
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    out = work / f"ours-{recipe}-{mode}-{attempt}"
+    rows = run_recipe(recipe, mode, work, cfg, gpu, warmup + steps, flags, out)
+    if isinstance(rows, dict):
+        return rows
     timed = rows[warmup:]
     expected = tokens_per_step(recipe, cfg)
     assert all(r["tokens"] == expected for r in timed), "rows are not of the fixed length"
@@ -184,44 +118,20 @@ def run_trl(
     if importlib.util.find_spec("trl") is None:
         return {"skipped": "trl is not installed"}
     out = work / f"trl-{recipe}-{mode}-{attempt}.json"
-    cmd = launch_prefix(mode, work, gpu) + [
-        __file__,
-        "--trl-worker",
-        str(work),
-        "--recipe",
-        recipe,
-        "--warmup",
-        str(warmup),
-        "--steps",
-        str(steps),
-        "--out",
-        str(out),
-    ]
-    env = {**os.environ, "BENCH_CFG": json.dumps(cfg)}
-    res = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    if res.returncode != 0:
-        return {"error": (res.stdout + res.stderr)[-1500:]}
-    return json.loads(out.read_text())
+    command = trl_worker_command(__file__, mode, work, gpu, warmup, steps, out)
+    return run_trl_worker(command + ["--recipe", recipe], cfg, out)
 
 
 def trl_worker(args) -> None:
     """Inside `accelerate launch`: trl's SFTTrainer or DPOTrainer on the same rows, timed."""
     import torch
     from datasets import Dataset
-    from transformers import AutoTokenizer, TrainerCallback
+    from transformers import AutoTokenizer
 
-    cfg, work = json.loads(os.environ["BENCH_CFG"]), Path(args.trl_worker)
+    cfg, work = worker_setting(), Path(args.trl_worker)
     gpu = torch.cuda.is_available()
-    multi = int(os.environ.get("WORLD_SIZE", "1")) > 1
     rows = [json.loads(line) for line in (work / f"{args.recipe}.jsonl").read_text().splitlines()]
     times: list[float] = []
-
-    class Timer(TrainerCallback):
-        def on_step_begin(self, *a, **k):
-            self.started = time.time()
-
-        def on_step_end(self, *a, **k):
-            times.append(time.time() - self.started)
 
     common = {
         "output_dir": str(work / f"trl-out-{args.recipe}"),
@@ -236,7 +146,7 @@ def trl_worker(args) -> None:
         "use_cpu": not gpu,
         "seed": 0,
         "max_length": cfg["prompt"] + cfg["completion"],
-        "ddp_backend": "gloo" if multi and not gpu else None,
+        "ddp_backend": gloo_if_cpu_ddp(),
     }
     tok = AutoTokenizer.from_pretrained(work / "model")
     if args.recipe == "sft":
@@ -248,7 +158,7 @@ def trl_worker(args) -> None:
             args=conf,
             processing_class=tok,
             train_dataset=Dataset.from_list(rows),
-            callbacks=[Timer()],
+            callbacks=[step_timer(times)],
         )
     else:
         from trl import DPOConfig, DPOTrainer
@@ -259,7 +169,7 @@ def trl_worker(args) -> None:
             args=conf,
             processing_class=tok,
             train_dataset=Dataset.from_list(rows),
-            callbacks=[Timer()],
+            callbacks=[step_timer(times)],
         )
     trainer.train()
     step_s = statistics.median(times[args.warmup :])
