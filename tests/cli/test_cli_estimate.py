@@ -203,6 +203,31 @@ def test_ds_config_values_and_flag_override(capsys, tmp_path):
     assert (flagged["stage"], flagged["micro_batch"]) == (2, 1)
 
 
+def test_ds_config_offload_pinning_and_stage2_param_block(capsys, tmp_path):
+    """A user's offload blocks: ``pin_memory: false`` takes the power-of-two rounding of pinned
+    buffers out of the host RAM (memory/pinned.py), and under ZeRO-2 an ``offload_param`` block
+    is ignored, as DeepSpeed ignores it (DeepSpeed-Chat style configs write one at every stage)."""
+
+    def host_gib(pin: bool) -> float:
+        zero = {
+            "stage": 2,
+            "offload_optimizer": {"device": "cpu", "pin_memory": pin},
+            "offload_param": {"device": "cpu"},
+        }
+        path = tmp_path / f"ds-{pin}.json"
+        path.write_text(json.dumps({"bf16": {"enabled": True}, "zero_optimization": zero}))
+        argv = ["estimate", "--model", "qwen2.5-7b", "--gpus-per-node", "8"]
+        out = _json(capsys, argv + ["--ds-config", str(path), "--json"])
+        assert out["offload_param"] == "none"
+        return out["cpu_gib"]
+
+    # per rank: the shard's fp32 master (3.81 GB) and fp32 grads pin 4 GiB each, its bf16 buffer
+    # (1.90 GB) 2 GiB, and the staging buffer of the largest weight (the 1.09 GB LM head) 2 GiB
+    shard, head = 951_952_064, 152_064 * 3_584 * 2
+    rounding = (4 + 2 + 4) * 2**30 - 10 * shard + 2 * 2**30 - head
+    assert host_gib(True) - host_gib(False) == pytest.approx(8 * rounding / 2**30, abs=0.01)
+
+
 def test_accelerate_config_reads_its_json_and_processes(capsys, tmp_path):
     (tmp_path / "ds.json").write_text(
         json.dumps({"zero_optimization": {"stage": 1}, "bf16": {"enabled": True}})

@@ -48,8 +48,9 @@ def read_ds_config(ds: dict, hidden_size: int) -> dict[str, Any]:
 
     Returns a dict with any of: ``stage``, ``offload_optimizer``, ``offload_param``,
     ``precision``, ``micro_batch``, ``grad_accum``, ``train_batch_size`` (each only when the file
-    states it as a number), and always ``buckets``, ``overlap_comm``, ``ds_optimizer_block`` and
-    ``optimizer`` (the implementation DeepSpeed builds from the block, or None without one).
+    states it as a number), and always ``buckets``, ``overlap_comm``, ``ds_optimizer_block``,
+    ``optimizer`` (the implementation DeepSpeed builds from the block, or None without one) and
+    the offload blocks' ``pin_optimizer_offload`` / ``pin_param_offload``.
     """
     if not isinstance(ds, dict):
         raise ZerofitError(
@@ -99,6 +100,14 @@ def read_ds_config(ds: dict, hidden_size: int) -> dict[str, Any]:
     )
     out["offload_optimizer"] = _offload_device(parsed.offload_optimizer)
     out["offload_param"] = _offload_device(parsed.offload_param)
+    if out.get("stage", 3) < 3:
+        # only ZeRO-3 is handed the offload_param block (deepspeed/runtime/engine.py:
+        # _configure_zero_optimizer); stage_1_and_2.py keeps every bit16 weight on the GPU
+        out["offload_param"] = "none"
+    # pin_memory: DeepSpeedZeroOffload{Optimizer,Param}Config fill in their default (on) when a
+    # block leaves it out (deepspeed/runtime/zero/offload_config.py)
+    out["pin_optimizer_offload"] = bool(getattr(parsed.offload_optimizer, "pin_memory", True))
+    out["pin_param_offload"] = bool(getattr(parsed.offload_param, "pin_memory", True))
     for block in (parsed.offload_optimizer, parsed.offload_param):
         if block is not None and getattr(block, "nvme_path", None) and "nvme_path" not in out:
             if "nvme" in (out["offload_optimizer"], out["offload_param"]):

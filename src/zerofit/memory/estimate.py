@@ -80,6 +80,10 @@ class TrainSetup:
     # stage 0 without DeepSpeed: the dtype the weights were loaded in (None: fp32, what TRL's
     # trainers load a model name in and what our recipes load; see ``weight_bytes``)
     weights_dtype: str | None = None
+    # offload blocks' ``pin_memory`` (memory/pinned.py): on in zerofit's JSON
+    # (configs/deepspeed_json.py) and DeepSpeed's default (runtime/zero/offload_config.py)
+    pin_optimizer_offload: bool = True
+    pin_param_offload: bool = True
 
     def bucket_sizes(self, hidden_size: int) -> dict:
         """Bucket sizes in elements: explicit ones, else what zerofit writes, over DS defaults."""

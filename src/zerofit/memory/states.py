@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import math
 
+from zerofit.memory import pinned
+
 FP32 = 4
 FP64 = 8
 NORM_CHUNK = 250_000_000  # stage3.py:_constant_buffered_norm2 buffer_size
@@ -207,21 +209,23 @@ def stage3_live_params(model, s, b: int, buckets: dict) -> int:
 
 
 def cpu_bytes_per_rank(model, s, b: int, buckets: dict) -> int:
-    """Host RAM one rank pins for offload (multiply by GPUs per node for the node)."""
+    """Host RAM one rank holds for offload (multiply by GPUs per node for the node), with pinned
+    buffers at the size PyTorch's pinned allocator really gives them (``memory/pinned.py``)."""
     p, n = model.params, s.world_size
     shard = math.ceil(p / n)
+    sub_group = int(buckets.get("sub_group_size", 1_000_000_000))
     total = 0
     if s.offload_optimizer == "cpu":
-        # fp32 master + Adam states + fp32 grad partition, and (ZeRO-1/2) the bit16 staging copy
-        total += shard * (FP32 + ADAM_STATES + FP32)
-        total += (
-            shard * b
-        )  # ZeRO-1/2 bit16 staging buffer; ZeRO-3 pinned grad_partitions_flat_buffer
+        # fp32 master + Adam states + fp32 grad partition + a bit16 grad buffer
+        if s.stage == 3:
+            total += pinned.zero3_offload_host_bytes(model, s, b, shard, sub_group)
+        else:
+            total += pinned.zero12_offload_host_bytes(model, s, b, shard)
     elif s.offload_optimizer == "nvme":
-        sub = min(shard, int(buckets.get("sub_group_size", 1_000_000_000)))
+        sub = min(shard, sub_group)
         total += 2 * sub * (FP32 + ADAM_STATES + FP32)  # swap-in/out of one sub-group's states
     if s.offload_param == "cpu":
-        total += shard * b
+        total += pinned.zero3_param_offload_host_bytes(model, s, b, shard)
     elif s.offload_param == "nvme":
         total += 5 * 100_000_000 * b  # aio buffer_count x buffer_size defaults
     return total

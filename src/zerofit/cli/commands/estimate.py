@@ -150,7 +150,15 @@ def build_estimate(answers, files: dict | None = None) -> dict:
     )
     if files:
         extra = {
-            k: files[k] for k in ("buckets", "overlap_comm", "ds_optimizer_block") if k in files
+            k: files[k]
+            for k in (
+                "buckets",
+                "overlap_comm",
+                "ds_optimizer_block",
+                "pin_optimizer_offload",
+                "pin_param_offload",
+            )
+            if k in files
         }
         if files.get("optimizer") and answers.optimizer is None:
             extra["optimizer"] = files["optimizer"]
