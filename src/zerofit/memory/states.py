@@ -216,7 +216,7 @@ def cpu_bytes_per_rank(model, s, b: int, buckets: dict) -> int:
     sub_group = int(buckets.get("sub_group_size", 1_000_000_000))
     total = 0
     if s.offload_optimizer == "cpu":
-        # fp32 master + Adam states + fp32 grad partition + a bit16 grad buffer
+        # fp32 master, Adam states, fp32 grads and a bit16 buffer (pinned.py names each)
         if s.stage == 3:
             total += pinned.zero3_offload_host_bytes(model, s, b, shard, sub_group)
         else:
