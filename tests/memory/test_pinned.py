@@ -106,7 +106,7 @@ def test_unpinned_offload_keeps_the_plain_byte_counts():
             pin_optimizer_offload=False,
         )
         shard = math.ceil(model.params / 8)
-        staging = max(pinned.weight_matrix_sizes(model)) * b if stage == 2 else 0
+        staging = st.largest_param(model) * b if stage == 2 else 0
         assert st.cpu_bytes_per_rank(model, setup, b, {}) == shard * 18 + staging
 
 

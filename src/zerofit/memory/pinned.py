@@ -43,8 +43,8 @@ def weight_matrix_sizes(model) -> list[int]:
     ]
     if model.num_experts:
         experts = model.num_experts
-        mlp = [experts * h, experts * 2 * model.moe_intermediate_size * h]
-        mlp.append(experts * model.moe_intermediate_size * h)
+        expert_width = model.moe_intermediate_size or model.intermediate_size
+        mlp = [experts * h, experts * 2 * expert_width * h, experts * expert_width * h]
     else:
         mlp = [h * model.intermediate_size] * 3
     sizes = [model.vocab_size * h]
@@ -81,13 +81,13 @@ def rank_partitions(model, world_size: int) -> list[int]:
     return parts + ([rest] if rest > 0 else [])
 
 
-def zero12_offload_host_bytes(model, s, b: int, shard: int) -> int:
+def zero12_offload_host_bytes(s, b: int, shard: int, largest: int) -> int:
     """ZeRO-1/2 with the optimizer on the CPU, per rank (``stage_1_and_2.py``): the fp32 master
     partition, its bit16 staging copy and the fp32 grad partition are pinned when ``pin_memory``
     is on (``__init__`` and ``initialize_optimizer_states``), and so is the per-parameter grad
-    staging buffer of the largest parameter (``temp_grad_buffer_for_cpu_offload``); CPU Adam's
-    two fp32 moments are plain ``zeros_like`` (``ops/adam/cpu_adam.py``)."""
-    largest = max(weight_matrix_sizes(model))
+    staging buffer of the largest parameter, ``largest`` elements
+    (``temp_grad_buffer_for_cpu_offload``); CPU Adam's two fp32 moments are plain ``zeros_like``
+    (``ops/adam/cpu_adam.py``)."""
     buffers = [shard * FP32, shard * b, shard * FP32, largest * b]
     if s.pin_optimizer_offload:
         buffers = [pinned_bytes(size) for size in buffers]

@@ -220,7 +220,7 @@ def cpu_bytes_per_rank(model, s, b: int, buckets: dict) -> int:
         if s.stage == 3:
             total += pinned.zero3_offload_host_bytes(model, s, b, shard, sub_group)
         else:
-            total += pinned.zero12_offload_host_bytes(model, s, b, shard)
+            total += pinned.zero12_offload_host_bytes(s, b, shard, largest_param(model))
     elif s.offload_optimizer == "nvme":
         sub = min(shard, sub_group)
         total += 2 * sub * (FP32 + ADAM_STATES + FP32)  # swap-in/out of one sub-group's states
