@@ -356,3 +356,23 @@ def test_where_the_activations_come_from_is_said(capsys):
     assert out["activations_traced"] is True and out["activations_basis"] == "formula"
     assert main(["estimate", "--model", "qwen2.5-0.5b"]) == 0
     assert "note:" not in capsys.readouterr().out
+
+
+def test_pin_memory_flag_and_the_unpinned_host_ram_in_the_verdict(capsys, tmp_path):
+    """``--no-pin-memory`` overrides the file's offload blocks; when pinned buffers are what the
+    node's RAM cannot hold, the verdict names the unpinned need and the flag."""
+    zero = {"stage": 3, "offload_optimizer": {"device": "cpu", "pin_memory": True}}
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps({"bf16": {"enabled": True}, "zero_optimization": zero}))
+    argv = ["estimate", "--model", "qwen2.5-32b", "--gpu", "H100-NVL", "--ds-config", str(path)]
+    argv += ["--gradient-checkpointing", "--host-ram-gib", "600"]
+    pinned = _json(capsys, argv + ["--json"])
+    assert pinned["pin_memory"] and not pinned["fits_host"] and pinned["fits_gpu"]
+    assert pinned["cpu_gib_unpinned"] < 600.0 < pinned["cpu_gib"]
+    main(argv)  # the table and the verdict line (the exit status is estimate's, not the verdict)
+    line = " ".join(capsys.readouterr().out.split())
+    assert "--no-pin-memory" in line and f"{pinned['cpu_gib_unpinned']:.1f} GiB" in line
+    unpinned = _json(capsys, argv + ["--no-pin-memory", "--json"])
+    assert not unpinned["pin_memory"] and unpinned["fits"]
+    assert unpinned["cpu_gib"] == pytest.approx(pinned["cpu_gib_unpinned"], abs=0.01)
+    assert unpinned["cpu_gib_unpinned"] is None

@@ -225,3 +225,32 @@ def test_a_model_without_sdpa_says_it_runs_eager_attention():
     )
     assert "attention" not in {d.field for d in flash.decisions}
     assert "attention" not in {d.field for d in plan(Answers(gpu="H100-SXM")).decisions}
+
+
+def test_pinned_offload_is_turned_off_only_when_the_host_ram_needs_it():
+    """Qwen2.5-32B on one H100 NVL needs ZeRO-3 with the optimizer on the CPU. Pinned, its offload
+    buffers are rounded up to powers of two (memory/pinned.py); with 600 GiB of host RAM only the
+    unpinned buffers fit, so the plan turns pin_memory off, says why with both numbers, and writes
+    it into the DeepSpeed JSON. With room to spare it stays on; the user's choice is kept."""
+    from zerofit.configs.deepspeed_json import build_zero_section
+
+    a = Answers(model="qwen2.5-32b", gpu="H100-NVL", seq_len=2048, stage=3, host_ram_gib=600.0)
+    tight = plan(a)
+    assert tight.fits and tight.offload_optimizer == "cpu" and not tight.pin_memory
+    reasons = {d.field: d.reason for d in tight.decisions}
+    pinned_gib = float(reasons["pin_memory"].split("need ")[1].split(" GiB")[0])
+    assert pinned_gib > 600.0 >= tight.cpu_gib
+    assert "power of two" in reasons["pin_memory"]
+    assert build_zero_section(tight)["offload_optimizer"]["pin_memory"] is False
+    chosen = [a for a in tight.alternatives if a.offload_optimizer == "cpu" and not a.pin_memory]
+    assert chosen and all(alt.cpu_gib <= 600.0 for alt in chosen)
+
+    roomy = plan(a.replace(host_ram_gib=2048.0))
+    assert roomy.fits and roomy.pin_memory
+    assert build_zero_section(roomy)["offload_optimizer"]["pin_memory"] is True
+    assert roomy.cpu_gib == pytest.approx(pinned_gib, abs=0.1)
+    assert {d.field: d.reason for d in roomy.decisions}["pin_memory"].startswith("on:")
+
+    forced = plan(a.replace(pin_memory=True))
+    assert not forced.fits and forced.failing_budget == "host" and forced.pin_memory
+    assert "set by you" in {d.field: d.reason for d in forced.decisions}["pin_memory"]

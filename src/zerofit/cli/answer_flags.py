@@ -47,6 +47,8 @@ _HELP = {
     "precompute_ref": "dpo: reference log-probs precomputed (TRL precompute_ref_log_probs)",
     "vllm_gpu_memory_utilization": "grpo: colocated vLLM's share of each GPU (e.g. 0.3)",
     "steps_per_generation": "grpo: micro batches generated at once (default: grad accumulation)",
+    "pin_memory": "offload buffers in page-locked host RAM, DeepSpeed's pin_memory (default: "
+    "on, off when only unpinned buffers fit the node's RAM)",
     "host_ram_gib": "host RAM per node in GiB (default: this node's, from /proc/meminfo)",
     "weights_dtype": "stage 0 without DeepSpeed: dtype the weights are loaded in, fp32 (default: "
     "TRL given a model name, our recipes) or bf16 (torch_dtype=bfloat16; Adam states and grads "

@@ -136,20 +136,22 @@ def build_zero_section(plan, auto: bool = False) -> dict[str, Any]:
         resolves_same = key in AUTO_BUCKETS and AUTO_BUCKETS[key](plan.hidden_size) == value
         zero[key] = "auto" if auto and resolves_same else value
     nvme_path = plan.answers.nvme_path
+    pin = plan.pin_memory
     if plan.offload_optimizer != "none":
-        zero["offload_optimizer"] = _offload_block(plan.offload_optimizer, nvme_path)
+        zero["offload_optimizer"] = _offload_block(plan.offload_optimizer, nvme_path, pin)
     if stage == 3:
         # offload_param exists only at stage 3 (DeepSpeed ignores it below; zerofit never writes it there).
         if plan.offload_param != "none":
-            zero["offload_param"] = _offload_block(plan.offload_param, nvme_path)
+            zero["offload_param"] = _offload_block(plan.offload_param, nvme_path, pin)
         # Without this, save_model()/save_pretrained under ZeRO-3 writes near-empty weight files.
         zero["stage3_gather_16bit_weights_on_model_save"] = True
     return zero
 
 
-def _offload_block(device: str, nvme_path: str | None) -> dict[str, Any]:
-    # pin_memory: page-locked host buffers for async full-bandwidth copies (needs enough memlock).
-    block: dict[str, Any] = {"device": device, "pin_memory": True}
+def _offload_block(device: str, nvme_path: str | None, pin: bool) -> dict[str, Any]:
+    # pin_memory: page-locked host buffers for async full-bandwidth copies (needs enough memlock);
+    # the planner turns it off only when the node's RAM holds the buffers unpinned but not pinned
+    block: dict[str, Any] = {"device": device, "pin_memory": pin}
     if device == "nvme":
         if not nvme_path:
             raise ZerofitError(

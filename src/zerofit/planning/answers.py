@@ -58,6 +58,10 @@ class Answers:
     gradient_checkpointing: bool | None = None
     micro_batch: int | None = None
     nvme_path: str | None = None
+    # offload buffers in page-locked host RAM (DeepSpeed's offload ``pin_memory``); None: pinned,
+    # unless the node's RAM only holds them unpinned (memory/pinned.py: pinning rounds each block
+    # up to a power of two)
+    pin_memory: bool | None = None
     # --- output and launch
     flavour: str = "explicit"  # explicit numbers, or "auto" for HF Trainer / TRL
     optimizer_block: bool = False  # write a DeepSpeed `optimizer` block (AdamW) into the JSON

@@ -26,6 +26,7 @@ class Alternative:
     gpu_need_gib: float = 0.0  # peak + allocator, NCCL, CUDA context, vLLM + safety margin
     cpu_gib: float = 0.0  # host RAM per node
     failing: str | None = None  # "gpu", "host", "gpu+host" or None
+    pin_memory: bool = True  # offload buffers page-locked
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,7 @@ class Plan:
     failing_budget: str | None = None  # gpu | host | gpu+host when it does not fit
     optimizer: str = ""  # the optimizer implementation the estimate assumed
     loss_path: str = ""  # hf | liger | trl_fused
+    pin_memory: bool = True  # offload blocks' pin_memory (page-locked host buffers)
 
 
 def plan(answers: Answers, model: Any = None) -> Plan:
@@ -140,6 +142,7 @@ def plan(answers: Answers, model: Any = None) -> Plan:
                 round(c.need_gib, 2),
                 round(c.estimate.cpu_gib, 2),
                 c.failing_budget,
+                c.pin_memory,
             )
         )
     suggestions = (
@@ -176,4 +179,5 @@ def plan(answers: Answers, model: Any = None) -> Plan:
         failing_budget=chosen.failing_budget,
         optimizer=est.optimizer,
         loss_path=est.loss_path,
+        pin_memory=chosen.pin_memory,
     )

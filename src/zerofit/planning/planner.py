@@ -37,6 +37,8 @@ class Candidate:
     gpu_need_gib: float = 0.0  # everything the GPU holds (peak + outside terms + margin)
     gpu_fits: bool = True
     host_fits: bool = True
+    pin_memory: bool = True  # offload buffers page-locked (only matters with offload)
+    pinned_cpu_gib: float | None = None  # host RAM pinned buffers needed, where unpinned instead
 
     @property
     def failing_budget(self) -> str | None:
@@ -67,6 +69,8 @@ class Candidate:
     def label(self) -> str:
         off = "" if self.offload_optimizer == "none" else f", optimizer on {self.offload_optimizer}"
         off += "" if self.offload_param == "none" else f", params on {self.offload_param}"
+        if off and not self.pin_memory:
+            off += " (unpinned)"
         gc = ", checkpointing" if self.gradient_checkpointing else ""
         return f"ZeRO-{self.stage}{off}{gc}, micro {self.micro_batch}"
 
@@ -128,9 +132,14 @@ def make_setup(
     accum: int,
     world: int | None = None,
     seq_len: int | None = None,
+    pin_memory: bool | None = None,
 ) -> TrainSetup:
-    """The memory model's view of one candidate configuration."""
+    """The memory model's view of one candidate configuration. ``pin_memory``: whether the
+    offload buffers are page-locked; None: the user's answer, else pinned (DeepSpeed's default)."""
     from zerofit.hardware import lookup
+
+    if pin_memory is None:
+        pin_memory = answers.pin_memory is not False
 
     optimizer = answers.optimizer
     if optimizer is None and answers.optimizer_block and offload_optimizer == "none":
@@ -163,6 +172,8 @@ def make_setup(
         steps_per_generation=answers.steps_per_generation,
         interconnect=lookup(answers.gpu).interconnect,
         weights_dtype=answers.weights_dtype,
+        pin_optimizer_offload=pin_memory,
+        pin_param_offload=pin_memory,
     )
 
 
@@ -252,16 +263,33 @@ def evaluate(
     world: int | None = None,
     seq_len: int | None = None,
 ) -> list[Candidate]:
-    """Memory estimate for ``option`` at every micro batch."""
+    """Memory estimate for ``option`` at every micro batch.
+
+    Offload buffers are pinned (page-locked: DeepSpeed's default, full-bandwidth asynchronous
+    copies) unless the user chose. When the pinned buffers are what breaks the host RAM budget
+    and unpinned ones fit, the candidate is the unpinned one: PyTorch's pinned allocator rounds
+    every block up to a power of two (memory/pinned.py), pageable memory is allocated as asked.
+    """
     stage, oo, op, gc = option
+    offloaded = oo != "none" or op != "none"
     out = []
     for m in micros:
-        est = estimate_memory(
-            model,
-            make_setup(answers, precision, stage, oo, op, gc, m, per_rank // m, world, seq_len),
-        )
+        args = (answers, precision, stage, oo, op, gc, m, per_rank // m, world, seq_len)
+        est = estimate_memory(model, make_setup(*args))
         gpu_ok, host_ok, need = judge(est, answers, gpu)
-        out.append(Candidate(stage, oo, op, gc, m, est, gpu_ok and host_ok, need, gpu_ok, host_ok))
+        pinned, pinned_cpu_gib = not offloaded or answers.pin_memory is not False, None
+        if offloaded and pinned and not host_ok and answers.pin_memory is None:
+            unpinned = estimate_memory(model, make_setup(*args, pin_memory=False))
+            gpu_ok_u, host_ok_u, need_u = judge(unpinned, answers, gpu)
+            if host_ok_u:
+                pinned_cpu_gib = est.cpu_gib
+                est, gpu_ok, host_ok, need, pinned = unpinned, gpu_ok_u, host_ok_u, need_u, False
+        fits = gpu_ok and host_ok
+        out.append(
+            Candidate(
+                stage, oo, op, gc, m, est, fits, need, gpu_ok, host_ok, pinned, pinned_cpu_gib
+            )
+        )
     return out
 
 

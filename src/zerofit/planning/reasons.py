@@ -115,6 +115,8 @@ def decide(
             + f"({host_words(answers, gpu)})"
         )
     out.append(Decision("offload", f"{chosen.offload_optimizer}/{chosen.offload_param}", why))
+    if offloaded:
+        out.append(Decision("pin_memory", chosen.pin_memory, pin_memory_reason(chosen, answers, gpu)))
 
     if answers.gradient_checkpointing is not None:
         why = f"{'on' if chosen.gradient_checkpointing else 'off'}: set by you"
@@ -175,6 +177,24 @@ def decide(
             )
         out.append(Decision("attention", "eager", why))
     return out
+
+
+def pin_memory_reason(chosen: Candidate, answers, gpu) -> str:
+    """Why the offload buffers are (not) page-locked, with the host RAM each way needs."""
+    host = f"{_gib(chosen.estimate.cpu_gib)} of host RAM per node ({host_words(answers, gpu)})"
+    if answers.pin_memory is not None:
+        return f"{'on' if chosen.pin_memory else 'off'}: set by you; the buffers need {host}"
+    if chosen.pin_memory:
+        return (
+            f"on: page-locked buffers copy to and from the GPU at full bandwidth, asynchronously; "
+            f"they need {host}"
+        )
+    return (
+        f"off: pinned, the offload buffers need {_gib(chosen.pinned_cpu_gib or 0.0)} of host RAM "
+        "per node (PyTorch's pinned allocator rounds every block up to a power of two), more "
+        f"than the node has; unpinned they need {host}. Host-GPU copies then go through pageable "
+        "memory, which is slower"
+    )
 
 
 def suggest(

@@ -163,9 +163,22 @@ def build_estimate(answers, files: dict | None = None) -> dict:
         if files.get("optimizer") and answers.optimizer is None:
             extra["optimizer"] = files["optimizer"]
         setup = dataclasses.replace(setup, **extra)
+    if answers.pin_memory is not None:  # the flag overrides the files' offload blocks
+        setup = dataclasses.replace(
+            setup, pin_optimizer_offload=answers.pin_memory, pin_param_offload=answers.pin_memory
+        )
     est = estimate_memory(model, setup)
     gpu_ok, host_ok, need = judge(est, answers, gpu)
     ram, source = host_ram_gib(answers, gpu)
+    pinned = (offload_opt != "none" and setup.pin_optimizer_offload) or (
+        offload_param != "none" and setup.pin_param_offload
+    )
+    unpinned_cpu_gib = None
+    if pinned:  # what the same offload needs with pin_memory false (memory/pinned.py)
+        unpinned = dataclasses.replace(
+            setup, pin_optimizer_offload=False, pin_param_offload=False
+        )
+        unpinned_cpu_gib = round(estimate_memory(model, unpinned).cpu_gib, 3)
     outside = {k: round(v / GIB, 3) for k, v in est.outside_bytes(gpu.memory_gib).items()}
     return {
         "model": model.name,
@@ -206,6 +219,9 @@ def build_estimate(answers, files: dict | None = None) -> dict:
         "host_ram_gib": round(ram, 1),
         "host_ram_source": source,
         "fits_host": host_ok,
+        # offload buffers page-locked (some offload block pins), and the host RAM without pinning
+        "pin_memory": bool(pinned),
+        "cpu_gib_unpinned": unpinned_cpu_gib,
         "from_files": sorted(k for k in files if k != "buckets")
         + (["buckets"] if "buckets" in files else []),
     }
@@ -224,7 +240,14 @@ def verdict_line(r: dict) -> str:
     if r["fits"]:
         return f"fits: needs {gpu}" + (f", and {host} ({has})" if r["cpu_gib"] else "")
     if r["fits_gpu"]:
-        return f"does NOT fit: fits on the GPU ({gpu}) but needs {host}, {has}"
+        line = f"does NOT fit: fits on the GPU ({gpu}) but needs {host}, {has}"
+        unpinned = r.get("cpu_gib_unpinned")
+        if unpinned is not None and unpinned <= r["host_ram_gib"]:
+            line += (
+                f"; with pin_memory false in the offload blocks (--no-pin-memory) it needs "
+                f"{unpinned:.1f} GiB, which fits"
+            )
+        return line
     if r["fits_host"]:
         return f"does NOT fit on the GPU: needs {gpu}"
     return f"does NOT fit: needs {gpu} and {host}, {has}"

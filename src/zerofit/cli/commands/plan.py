@@ -119,7 +119,7 @@ def run(args) -> int:
         )
         alt.add_row(
             ("* " if chosen else "") + str(a.stage),
-            f"{a.offload_optimizer}/{a.offload_param}",
+            f"{a.offload_optimizer}/{a.offload_param}" + ("" if a.pin_memory else " unpinned"),
             "on" if a.gradient_checkpointing else "off",
             str(a.micro_batch),
             f"{a.peak_gib:.1f}",
