@@ -2,7 +2,8 @@
 
 Pinned memory needs a CUDA device, so the rounding itself cannot run here: these tests read the
 installed torch's caching host allocator and DeepSpeed's pin sites, run DeepSpeed's own sub-group
-split, and check the host-RAM arithmetic built on them.
+split, and check the host-RAM arithmetic built on them. One test (marked ``gpu``, left out of the
+default run) measures the rounding with torch's own host-allocator statistics on a CUDA machine.
 
 Run: .venv/bin/python -m pytest tests/memory/test_pinned.py -q   (~5 s)
 """
@@ -45,6 +46,24 @@ def test_torch_pinned_allocator_rounds_every_request_to_a_power_of_two():
     assert "PowerOf2Ceil(size)" in rounding
     config = (include / "c10/core/AllocatorConfig.h").read_text()
     assert re.search(r"pinned_max_round_threshold_\{std::numeric_limits<size_t>::max\(\)\}", config)
+
+
+@pytest.mark.gpu
+def test_pinned_blocks_are_reserved_at_a_power_of_two_on_a_gpu():
+    """On a CUDA machine (``pytest -m gpu``): the caching host allocator's own statistics grow by
+    the power of two of each fresh pinned request, and keep it after the tensor is freed."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device: pinned memory is CUDA's")
+    key = "allocated_bytes.current"
+    # odd sizes far above anything cached by earlier tests: each request makes a new block
+    sizes = [(1 << 27) + 1, (3 << 26) + 12_345, (5 << 25) + 7]
+    before = torch.cuda.host_memory_stats()[key]
+    tensors = [torch.empty(n, dtype=torch.uint8, pin_memory=True) for n in sizes]
+    grown = torch.cuda.host_memory_stats()[key] - before
+    assert grown == sum(pinned.pinned_bytes(n) for n in sizes)
+    del tensors
+    assert torch.cuda.host_memory_stats()[key] - before == grown  # freed blocks stay cached
 
 
 def test_deepspeed_pins_the_offload_buffers_zerofit_counts():

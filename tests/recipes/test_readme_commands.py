@@ -174,5 +174,5 @@ def test_every_readme_recipe_command_runs(tmp_path):
     runnable = [c for c in ran if "zerofit launch" not in c]
     for name in ("sft", "dpo", "grpo"):  # one GPU, one node, and multi-node, for each recipe
         assert any(f"python recipes/{name}.py" in c for c in runnable), name
-        assert any(f"accelerate launch" in c and f"recipes/{name}.py" in c for c in runnable), name
+        assert any("accelerate launch" in c and f"recipes/{name}.py" in c for c in runnable), name
         assert any(f"recipes/{name}.py" in c for c in parsed), name

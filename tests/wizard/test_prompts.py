@@ -11,7 +11,6 @@ import io
 import re
 from pathlib import Path
 
-import pytest
 from prompt_toolkit.input import create_pipe_input
 from prompt_toolkit.output import DummyOutput
 from rich.console import Console

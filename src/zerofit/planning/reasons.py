@@ -116,7 +116,9 @@ def decide(
         )
     out.append(Decision("offload", f"{chosen.offload_optimizer}/{chosen.offload_param}", why))
     if offloaded:
-        out.append(Decision("pin_memory", chosen.pin_memory, pin_memory_reason(chosen, answers, gpu)))
+        out.append(
+            Decision("pin_memory", chosen.pin_memory, pin_memory_reason(chosen, answers, gpu))
+        )
 
     if answers.gradient_checkpointing is not None:
         why = f"{'on' if chosen.gradient_checkpointing else 'off'}: set by you"
@@ -167,8 +169,8 @@ def decide(
         # memory/activations.py:activations_basis: the traced layer ran eager attention because
         # the model class has no kernel of the kind asked for
         why = (
-            f"eager: transformers has no sdpa kernel for this model, so every layer keeps its "
-            f"seq x seq attention scores (counted above)"
+            "eager: transformers has no sdpa kernel for this model, so every layer keeps its "
+            "seq x seq attention scores (counted above)"
         )
         if basis == "traced_eager":
             why += (

@@ -175,9 +175,7 @@ def build_estimate(answers, files: dict | None = None) -> dict:
     )
     unpinned_cpu_gib = None
     if pinned:  # what the same offload needs with pin_memory false (memory/pinned.py)
-        unpinned = dataclasses.replace(
-            setup, pin_optimizer_offload=False, pin_param_offload=False
-        )
+        unpinned = dataclasses.replace(setup, pin_optimizer_offload=False, pin_param_offload=False)
         unpinned_cpu_gib = round(estimate_memory(model, unpinned).cpu_gib, 3)
     outside = {k: round(v / GIB, 3) for k, v in est.outside_bytes(gpu.memory_gib).items()}
     return {
