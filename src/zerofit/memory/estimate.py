@@ -17,6 +17,7 @@ buffers, a colocated vLLM's share) is computed in ``overheads`` and added by ``g
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
@@ -126,6 +127,17 @@ class TrainSetup:
     def weight_bytes(self) -> int:
         """Element size of ``weight_dtype``."""
         return DTYPE_BYTES[self.weight_dtype]
+
+    @property
+    def pins_offload(self) -> bool:
+        """Some offload buffer is page-locked (an offloaded optimizer or parameters, pinned)."""
+        return (self.offload_optimizer != "none" and self.pin_optimizer_offload) or (
+            self.offload_param != "none" and self.pin_param_offload
+        )
+
+    def with_pinning(self, pin: bool) -> "TrainSetup":
+        """This setup with every offload block's ``pin_memory`` set to ``pin``."""
+        return dataclasses.replace(self, pin_optimizer_offload=pin, pin_param_offload=pin)
 
     @property
     def optimizer_impl(self) -> str:

@@ -132,14 +132,10 @@ def make_setup(
     accum: int,
     world: int | None = None,
     seq_len: int | None = None,
-    pin_memory: bool | None = None,
 ) -> TrainSetup:
-    """The memory model's view of one candidate configuration. ``pin_memory``: whether the
-    offload buffers are page-locked; None: the user's answer, else pinned (DeepSpeed's default)."""
+    """The memory model's view of one candidate configuration (offload buffers pinned, DeepSpeed's
+    default, unless the user said otherwise)."""
     from zerofit.hardware import lookup
-
-    if pin_memory is None:
-        pin_memory = answers.pin_memory is not False
 
     optimizer = answers.optimizer
     if optimizer is None and answers.optimizer_block and offload_optimizer == "none":
@@ -172,8 +168,8 @@ def make_setup(
         steps_per_generation=answers.steps_per_generation,
         interconnect=lookup(answers.gpu).interconnect,
         weights_dtype=answers.weights_dtype,
-        pin_optimizer_offload=pin_memory,
-        pin_param_offload=pin_memory,
+        pin_optimizer_offload=answers.pin_memory is not False,
+        pin_param_offload=answers.pin_memory is not False,
     )
 
 
@@ -274,12 +270,12 @@ def evaluate(
     offloaded = oo != "none" or op != "none"
     out = []
     for m in micros:
-        args = (answers, precision, stage, oo, op, gc, m, per_rank // m, world, seq_len)
-        est = estimate_memory(model, make_setup(*args))
+        setup = make_setup(answers, precision, stage, oo, op, gc, m, per_rank // m, world, seq_len)
+        est = estimate_memory(model, setup)
         gpu_ok, host_ok, need = judge(est, answers, gpu)
-        pinned, pinned_cpu_gib = not offloaded or answers.pin_memory is not False, None
-        if offloaded and pinned and not host_ok and answers.pin_memory is None:
-            unpinned = estimate_memory(model, make_setup(*args, pin_memory=False))
+        pinned, pinned_cpu_gib = setup.pins_offload or not offloaded, None
+        if setup.pins_offload and not host_ok and answers.pin_memory is None:
+            unpinned = estimate_memory(model, setup.with_pinning(False))
             gpu_ok_u, host_ok_u, need_u = judge(unpinned, answers, gpu)
             if host_ok_u:
                 pinned_cpu_gib = est.cpu_gib

@@ -164,19 +164,13 @@ def build_estimate(answers, files: dict | None = None) -> dict:
             extra["optimizer"] = files["optimizer"]
         setup = dataclasses.replace(setup, **extra)
     if answers.pin_memory is not None:  # the flag overrides the files' offload blocks
-        setup = dataclasses.replace(
-            setup, pin_optimizer_offload=answers.pin_memory, pin_param_offload=answers.pin_memory
-        )
+        setup = setup.with_pinning(answers.pin_memory)
     est = estimate_memory(model, setup)
     gpu_ok, host_ok, need = judge(est, answers, gpu)
     ram, source = host_ram_gib(answers, gpu)
-    pinned = (offload_opt != "none" and setup.pin_optimizer_offload) or (
-        offload_param != "none" and setup.pin_param_offload
-    )
     unpinned_cpu_gib = None
-    if pinned:  # what the same offload needs with pin_memory false (memory/pinned.py)
-        unpinned = dataclasses.replace(setup, pin_optimizer_offload=False, pin_param_offload=False)
-        unpinned_cpu_gib = round(estimate_memory(model, unpinned).cpu_gib, 3)
+    if setup.pins_offload:  # what the same offload needs with pin_memory false (memory/pinned.py)
+        unpinned_cpu_gib = round(estimate_memory(model, setup.with_pinning(False)).cpu_gib, 3)
     outside = {k: round(v / GIB, 3) for k, v in est.outside_bytes(gpu.memory_gib).items()}
     return {
         "model": model.name,
@@ -218,7 +212,7 @@ def build_estimate(answers, files: dict | None = None) -> dict:
         "host_ram_source": source,
         "fits_host": host_ok,
         # offload buffers page-locked (some offload block pins), and the host RAM without pinning
-        "pin_memory": bool(pinned),
+        "pin_memory": setup.pins_offload,
         "cpu_gib_unpinned": unpinned_cpu_gib,
         "from_files": sorted(k for k in files if k != "buckets")
         + (["buckets"] if "buckets" in files else []),
