@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from memory_shapes import QWEN25_05B, QWEN25_7B, LLAMA31_70B
+from zerofit.memory import overheads as oh
 from zerofit.memory.estimate import (
     DEEPSPEED_DEFAULT_BUCKETS,
     GIB,
@@ -75,6 +76,28 @@ def test_allocator_term_stays_inside_the_measured_reserved_gap():
         assert 0 < est.allocator_bytes and est.peak_bytes + est.allocator_bytes <= reserved
         # the whole GPU-side total stays below what the device really had in use at the end
         assert est.gpu_need_bytes(79.6) <= pt["device_used_end_gib"] * GIB
+
+
+def test_cuda_context_in_training_is_the_smallest_measured_gap_of_its_stage():
+    """What a DeepSpeed process holds beyond everything the allocator reserved, after its steps
+    (device_used_end - peak_reserved), is the context term of that stage: the smallest gap
+    measured, so it never exceeds what any calibration point really held."""
+    points = _calibration_points()
+    if not points:
+        pytest.skip("calibration file not present")
+    gaps: dict[str, list[float]] = {}
+    for pt in points:
+        key = "zero3" if pt["stage"] == 3 else "zero0-2"
+        gaps.setdefault(key, []).append(pt["device_used_end_gib"] - pt["peak_reserved_gib"])
+    assert set(gaps) == set(oh.CUDA_CONTEXT_IN_DEEPSPEED_TRAINING_GIB)
+    for key, values in gaps.items():
+        assert oh.CUDA_CONTEXT_IN_DEEPSPEED_TRAINING_GIB[key] == pytest.approx(
+            min(values), abs=5e-4
+        )
+    for pt in points:
+        est = estimate_memory(QWEN25_05B, _setup_for(pt))
+        gap = (pt["device_used_end_gib"] - pt["peak_reserved_gib"]) * GIB
+        assert oh.CUDA_CONTEXT_BYTES < est.context_bytes <= gap + 0.001 * GIB
 
 
 # ZeRO paper, Fig. 1: Psi = 7.5B, N = 64, K = 12 -> 120 / 31.4 / 16.6 / 1.88 GB (GB = 1e9)

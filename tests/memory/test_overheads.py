@@ -84,3 +84,44 @@ def test_precomputed_reference_drops_the_reference_model():
     assert z3.breakdown.get("reference_model", 0) == pytest.approx(
         2 * QWEN25_7B.params / 8, rel=1e-6
     )
+
+
+def test_deepspeed_runs_count_the_in_training_context_plain_runs_the_before_model_one():
+    base = TrainSetup(stage=2, world_size=8, micro_batch=1, seq_len=1024)
+    table = oh.CUDA_CONTEXT_IN_DEEPSPEED_TRAINING_GIB
+    zero2 = estimate_memory(QWEN25_7B, base)
+    zero3 = estimate_memory(QWEN25_7B, dataclasses.replace(base, stage=3))
+    plain = estimate_memory(QWEN25_7B, dataclasses.replace(base, stage=0))
+    deepspeed0 = estimate_memory(QWEN25_7B, dataclasses.replace(base, stage=0, stack="deepspeed"))
+    assert zero2.context_bytes == int(table["zero0-2"] * GIB) == deepspeed0.context_bytes
+    assert zero3.context_bytes == int(table["zero3"] * GIB)
+    assert plain.context_bytes == oh.CUDA_CONTEXT_BYTES < zero2.context_bytes < zero3.context_bytes
+    assert zero3.outside_bytes(79.6)["cuda_context"] == zero3.context_bytes
+
+
+@pytest.mark.gpu
+def test_a_plain_training_step_holds_no_more_outside_the_allocator_than_context_and_margin():
+    """On a CUDA machine (``pytest -m gpu``): after a few AdamW steps of a small decoder without
+    DeepSpeed, what the device has in use beyond everything the caching allocator ever reserved
+    stays within the before-model context plus the safety margin, which is all zerofit counts
+    for such a run. If this fails, plain runs need their own in-training measurement."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    transformers = pytest.importorskip("transformers")
+    from memory_shapes import TINY_DECODER
+
+    config = transformers.Qwen2Config(**{**TINY_DECODER, "hidden_size": 512, "head_dim": 128})
+    model = transformers.AutoModelForCausalLM.from_config(config).cuda()
+    optimizer = torch.optim.AdamW(model.parameters())
+    ids = torch.randint(0, config.vocab_size, (2, 512), device="cuda")
+    for _ in range(3):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    torch.cuda.synchronize()
+    free, total = torch.cuda.mem_get_info()
+    outside = (total - free) - torch.cuda.max_memory_reserved()
+    assert outside <= oh.CUDA_CONTEXT_BYTES + oh.DEFAULT_SAFETY_MARGIN_GIB * GIB

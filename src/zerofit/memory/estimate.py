@@ -28,7 +28,9 @@ from zerofit.memory import states as st
 from zerofit.memory.optimizers import host_step_temporary_bytes, resolve_optimizer
 
 GIB = 1024**3
-CUDA_CONTEXT_BYTES = oh.CUDA_CONTEXT_BYTES  # measured: 0.514 GiB on an H100 before the model
+CUDA_CONTEXT_BYTES = (
+    oh.CUDA_CONTEXT_BYTES
+)  # before the model; overheads.cuda_context_bytes in training
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 
 # DeepSpeed's own defaults (what the calibration runs used: no bucket keys in their JSON).
@@ -327,6 +329,7 @@ def estimate_memory(model, setup: TrainSetup) -> MemoryEstimate:
         peak_phase,
         totals,
         cpu,
+        context_bytes=oh.cuda_context_bytes(s.stage, deepspeed=not s.without_deepspeed),
         allocator_bytes=oh.allocator_fragmentation_bytes(model, s.gradient_checkpointing, largest),
         nccl_bytes=oh.nccl_buffer_bytes(s.world_size, s.gpus_per_node, s.interconnect),
         vllm_fraction=float(s.vllm_gpu_memory_utilization or 0.0),

@@ -1,7 +1,18 @@
 """GPU memory a training process holds outside ``torch.cuda.max_memory_allocated()``.
 
-- **CUDA context**: driver/runtime state and kernel images, measured 0.514 GiB on an H100 before
-  the model existed (``/work/shared/calibration/README.md``, ``device_used_before_model_gib``).
+- **CUDA context**: driver/runtime state and kernel images. Measured on the calibration H100
+  (tests/data/mem_h100_qwen2.5-0.5b.jsonl, torch 2.11 + CUDA 13, DeepSpeed 0.19.8): 0.514 GiB
+  before the model existed (``device_used_before_model_gib``), but much more once a DeepSpeed
+  step has run: ``device_used_end_gib - peak_reserved_gib`` (what the process holds beyond
+  everything the caching allocator ever reserved) is 1.301-1.311 GiB on every ZeRO-2 point and
+  1.683 GiB on both ZeRO-3 points. The growth is what CUDA's lazy module loading
+  (``CUDA_MODULE_LOADING=LAZY``, PyTorch's default since 2.0) and the libraries add on first
+  use: the kernel images of forward, backward and the optimizer, NCCL's communicator and
+  kernels (DeepSpeed initialises its process group even at world size 1), library handles.
+  Each point is a lower bound of that memory (the allocator's reservation at the end is at most
+  its peak), so the smallest gap per stage is used for a DeepSpeed run. A run without DeepSpeed
+  keeps the before-model number, the only one measured for it: no such training run was
+  measured on a GPU yet (tests/memory/test_overheads.py has the GPU-only check).
 - **Allocator fragmentation**: PyTorch's caching allocator (``c10/cuda/CUDACachingAllocator.cpp``)
   rounds each request above 1 MiB into a block of a 20 MiB segment (1-10 MiB requests) or into
   its own segment rounded up to 2 MiB (``kRoundLarge``); a freed block stays cached and is split
@@ -26,7 +37,9 @@ from __future__ import annotations
 
 GIB = 1024**3
 MIB = 1024**2
-CUDA_CONTEXT_BYTES = int(0.5 * GIB)
+CUDA_CONTEXT_BYTES = int(0.5 * GIB)  # before the model: 0.514 GiB measured
+# after DeepSpeed training steps (device_used_end - peak_reserved, smallest per stage)
+CUDA_CONTEXT_IN_DEEPSPEED_TRAINING_GIB = {"zero0-2": 1.301, "zero3": 1.683}
 ROUND_LARGE = 2 * MIB  # kRoundLarge: segment granularity above 10 MiB
 NCCL_BUFFSIZE = 4 * MIB  # NCCL_BUFFSIZE default
 NCCL_LL_BUFFSIZE = 8 * 512 * 8 * 16
@@ -36,6 +49,16 @@ NCCL_CHANNELS = {"nvlink": 16, "pcie": 4}
 # Margin over the sum of every modelled term: cuBLAS/cuDNN workspaces outside the caching
 # allocator, NCCL's NVLS/registration buffers on NVSwitch systems, library version drift.
 DEFAULT_SAFETY_MARGIN_GIB = 1.0
+
+
+def cuda_context_bytes(stage: int, deepspeed: bool) -> int:
+    """What the process holds outside the caching allocator once training runs (see the module
+    docstring): the in-training measurement for a DeepSpeed engine of this stage, the
+    before-model context for a run without DeepSpeed."""
+    if not deepspeed:
+        return CUDA_CONTEXT_BYTES
+    key = "zero3" if stage == 3 else "zero0-2"
+    return int(CUDA_CONTEXT_IN_DEEPSPEED_TRAINING_GIB[key] * GIB)
 
 
 def tensors_live_at_peak(model, checkpointing: bool) -> int:
