@@ -307,7 +307,9 @@ def estimate_memory(model, setup: TrainSetup) -> MemoryEstimate:
     # blocks freed before the peak and split for smaller live tensors leave the unusable range
     largest = max(
         (
-            _largest_transient(name, path, model, s, logit_tokens, backward, step, parts)
+            _largest_transient(
+                name, path, model, s, logit_tokens, backward, step, parts, phases[peak_phase]
+            )
             for name, parts in phases.items()
             if name != peak_phase
         ),
@@ -348,9 +350,11 @@ def _largest_transient(
     backward: dict,
     step: dict,
     parts: dict,
+    peak_parts: dict,
 ) -> int:
     """The biggest single short-lived tensor of ``phase`` (a phase other than the peak's sizes
-    the allocator's worst unusable free range, see overheads.py)."""
+    the allocator's worst unusable free range, see overheads.py). A buffer the peak phase still
+    holds was not freed before the peak, so it leaves no free range."""
     h, v, b = model.hidden_size, model.vocab_size, DTYPE_BYTES[s.precision]
     if phase in ("forward", "reference"):
         if path == "hf":
@@ -362,11 +366,15 @@ def _largest_transient(
         # per-parameter .grad tensors and foreach temporaries: the biggest is one weight's
         return st.largest_param(model) * s.weight_bytes
     if phase == "backward":
-        return max(
-            backward.get("comm_buckets", 0) // 2,
-            backward.get("gradients", 0),
-            backward.get("tied_embedding_grad", 0),
-        )
+        # ZeRO-1/2's grads_in_partition ("gradients") lives on into the step until its fp32
+        # copy exists (stage_1_and_2.py: step, ``self.averaged_gradients[i] = None`` after
+        # ``flat_grad_partition.to(fp32)``): when the step is the peak it is no free range
+        candidates = {
+            "comm_buckets": backward.get("comm_buckets", 0) // 2,
+            "gradients": backward.get("gradients", 0),
+            "tied_embedding_grad": backward.get("tied_embedding_grad", 0),
+        }
+        return max((size for name, size in candidates.items() if name not in peak_parts), default=0)
     if phase == "step":
         if "optimizer_step_temp" in step:
             return max(step.get("fp32_grads", 0), step["optimizer_step_temp"])
