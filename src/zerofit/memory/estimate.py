@@ -28,9 +28,8 @@ from zerofit.memory import states as st
 from zerofit.memory.optimizers import host_step_temporary_bytes, resolve_optimizer
 
 GIB = 1024**3
-CUDA_CONTEXT_BYTES = (
-    oh.CUDA_CONTEXT_BYTES
-)  # before the model; overheads.cuda_context_bytes in training
+# the context before the model; overheads.cuda_context_bytes gives a training run's
+CUDA_CONTEXT_BYTES = oh.CUDA_CONTEXT_BYTES
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 
 # DeepSpeed's own defaults (what the calibration runs used: no bucket keys in their JSON).

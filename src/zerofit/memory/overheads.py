@@ -5,14 +5,17 @@
   before the model existed (``device_used_before_model_gib``), but much more once a DeepSpeed
   step has run: ``device_used_end_gib - peak_reserved_gib`` (what the process holds beyond
   everything the caching allocator ever reserved) is 1.301-1.311 GiB on every ZeRO-2 point and
-  1.683 GiB on both ZeRO-3 points. The growth is what CUDA's lazy module loading
-  (``CUDA_MODULE_LOADING=LAZY``, PyTorch's default since 2.0) and the libraries add on first
-  use: the kernel images of forward, backward and the optimizer, NCCL's communicator and
-  kernels (DeepSpeed initialises its process group even at world size 1), library handles.
-  Each point is a lower bound of that memory (the allocator's reservation at the end is at most
-  its peak), so the smallest gap per stage is used for a DeepSpeed run. A run without DeepSpeed
-  keeps the before-model number, the only one measured for it: no such training run was
-  measured on a GPU yet (tests/memory/test_overheads.py has the GPU-only check).
+  1.683 GiB on both ZeRO-3 points (world size 1). The growth was not broken down; with CUDA's
+  lazy module loading (``CUDA_MODULE_LOADING=LAZY``, PyTorch's default since 2.0) it is what
+  the first use of each kernel and library adds: the kernel images of forward, backward and the
+  optimizer, NCCL's communicator state (DeepSpeed initialises a process group even for one
+  rank), library handles. Each point is a lower bound of that memory (the allocator's
+  reservation at the end is at most its peak), and the smallest gap per stage is what a
+  DeepSpeed run gets; NCCL's per-peer buffers of larger worlds come on top (below). A run
+  without DeepSpeed keeps the before-model number, the only one measured for it (the GPU-only
+  test in tests/memory/test_overheads.py checks that it and the margin cover a plain step).
+  Public OOM messages that state the process's non-PyTorch memory check both
+  (benchmarks/outside_allocator.py).
 - **Allocator fragmentation**: PyTorch's caching allocator (``c10/cuda/CUDACachingAllocator.cpp``)
   rounds each request above 1 MiB into a block of a 20 MiB segment (1-10 MiB requests) or into
   its own segment rounded up to 2 MiB (``kRoundLarge``); a freed block stays cached and is split
