@@ -352,8 +352,8 @@ def _largest_transient(
     peak_parts: dict,
 ) -> int:
     """The biggest single short-lived tensor of ``phase`` (a phase other than the peak's sizes
-    the allocator's worst unusable free range, see overheads.py). A buffer the peak phase still
-    holds was not freed before the peak, so it leaves no free range."""
+    the allocator's worst unusable free range, see overheads.py). Of backward's buffers, one the
+    peak phase still holds (``peak_parts``) was not freed before the peak, so it is skipped."""
     h, v, b = model.hidden_size, model.vocab_size, DTYPE_BYTES[s.precision]
     if phase in ("forward", "reference"):
         if path == "hf":
