@@ -376,3 +376,22 @@ def test_pin_memory_flag_and_the_unpinned_host_ram_in_the_verdict(capsys, tmp_pa
     assert not unpinned["pin_memory"] and unpinned["fits"]
     assert unpinned["cpu_gib"] == pytest.approx(pinned["cpu_gib_unpinned"], abs=0.01)
     assert unpinned["cpu_gib_unpinned"] is None
+
+
+def test_estimate_says_what_a_fit_leaves_and_cautions_a_tight_one(capsys):
+    """``spare_gib`` is the budget minus what the GPU must hold; a fit with less to spare than the
+    median fragmentation of public OOM messages gets the caution (memory/overheads.py)."""
+    roomy = _json(capsys, ["estimate", "--model", "qwen2.5-0.5b", "--gpu", "H100", "--json"])
+    assert roomy["spare_gib"] == pytest.approx(roomy["budget_gib"] - roomy["gpu_need_gib"], 0.01)
+    assert main(["estimate", "--model", "qwen2.5-0.5b", "--gpu", "H100"]) == 0
+    text = capsys.readouterr().out
+    assert (
+        f"({roomy['spare_gib']:.1f} GiB to spare)" in text and "lost to fragmentation" not in text
+    )
+    # the same model on a card it barely fits: a few GiB under roomy's need
+    tight = ["estimate", "--model", "qwen2.5-0.5b", "--gpu", "H100", "--safety-margin-gib"]
+    tight.append(str(round(1.0 + roomy["spare_gib"] - 0.5, 2)))
+    out = _json(capsys, [*tight, "--json"])
+    assert out["fits"] and 0.4 < out["spare_gib"] < 0.6
+    assert main(tight) == 0
+    assert "lost to fragmentation after many steps" in capsys.readouterr().out

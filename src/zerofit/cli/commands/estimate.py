@@ -206,6 +206,8 @@ def build_estimate(answers, files: dict | None = None) -> dict:
         "outside_peak_gib": outside,
         "safety_margin_gib": answers.safety_margin_gib,
         "gpu_need_gib": round(need, 3),
+        # what the budget leaves beyond everything above (negative: it does not fit)
+        "spare_gib": round(gpu.memory_gib * answers.headroom - need, 3),
         "gpu_memory_gib": gpu.memory_gib,
         "fits_gpu": gpu_ok,
         "host_ram_gib": round(ram, 1),
@@ -230,7 +232,8 @@ def verdict_line(r: dict) -> str:
     else:
         has = f"assumed {r['host_ram_gib']:.1f}; set --host-ram-gib"
     if r["fits"]:
-        return f"fits: needs {gpu}" + (f", and {host} ({has})" if r["cpu_gib"] else "")
+        spare = f" ({r['spare_gib']:.1f} GiB to spare)"
+        return f"fits: needs {gpu}{spare}" + (f", and {host} ({has})" if r["cpu_gib"] else "")
     if r["fits_gpu"]:
         line = f"does NOT fit: fits on the GPU ({gpu}) but needs {host}, {has}"
         unpinned = r.get("cpu_gib_unpinned")
@@ -317,6 +320,12 @@ def run(args) -> int:
     console = Console()
     console.print(table)
     console.print(verdict_line(result))
+    if result["fits_gpu"]:
+        from zerofit.memory.overheads import tight_fit_note
+
+        note = tight_fit_note(result["spare_gib"])
+        if note:
+            console.print(note)
     if result["activations_basis"] == "llama_shaped":
         console.print(
             f"note: activations use a Llama-style decoder layer; {result['model']}'s own layer "
