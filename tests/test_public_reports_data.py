@@ -18,6 +18,7 @@ import pytest
 
 from zerofit.errors import ZerofitError
 from zerofit.hardware import CATALOG, lookup
+from zerofit.memory.losses import LOSS_KERNELS
 from zerofit.models.builtin import BUILTIN_CONFIGS
 from zerofit.planning.answers import Answers, answers_from_dict
 from zerofit.memory.optimizers import OPTIMIZERS
@@ -31,7 +32,7 @@ MODELS = ROOT / "tests" / "data" / "public_report_models"
 NEW_FIELDS = {
     "stack": lambda v: v in ("hf", "accelerate", "deepspeed"),
     "optimizer": lambda v: v in (None, *OPTIMIZERS),
-    "loss_kernel": lambda v: v in ("hf", "liger", "trl_logps"),
+    "loss_kernel": lambda v: v in LOSS_KERNELS,
     "precompute_ref": lambda v: isinstance(v, bool),
     "vllm_gpu_memory_utilization": lambda v: v is None or (isinstance(v, float) and 0 < v < 1),
     "steps_per_generation": lambda v: v is None or (isinstance(v, int) and v >= 1),
