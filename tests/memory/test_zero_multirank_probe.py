@@ -12,11 +12,11 @@ with vocab 32768, where the embedding (16.8M) is larger than a rank's partition 
 is for real LLMs on a few GPUs (Qwen2.5-0.5B's 136M-element embedding vs 124M on 4 ranks).
 Both launches take ~50 s together on 2 cores.
 
-``test_phase_matches_estimate`` holds zerofit's ``MemoryEstimate.phases`` to the measurement
-within 3 % on every rank. The phases that do not agree yet are strict xfails whose reason names
-the allocation the estimator misses; the tests after it pin down, from the measurement alone,
-what DeepSpeed (and torch's autograd) really allocate there, so they keep passing once the
-estimator is fixed and the xfail marks come off.
+``test_phase_matches_estimate`` holds zerofit's ``MemoryEstimate.phases`` to the largest rank's
+measurement within 3 %. The tests after it pin down, from the measurement alone, what DeepSpeed
+(and torch's autograd) really allocate where a world-size-1 calibration cannot see it: the tied
+embedding's gradient summed out of place, ZeRO-1/2's gradient buffer sized by whole parameters,
+the fp64 copy of the gradient norm, and ZeRO-3 keeping reused weights gathered.
 """
 
 from __future__ import annotations
@@ -41,45 +41,13 @@ LOG_BYTES = 65536  # every gathered weight of the probe model is at least 128 Ki
 BIG_VOCAB = "2:vocab=32768"
 LAUNCHES = {"w2": (2, ("1", "2", "3", "3:reuse=0", BIG_VOCAB)), "w1": (1, ("3",))}
 
-TIED = (
-    "missing: the tied embedding's gradient is summed out of place at the end of backward "
-    "(torch/csrc/autograd/input_buffer.cpp:accumulate, 'old_var + var'): the LM head's grad, the "
-    "embedding's grad and their sum coexist, 3 x vocab x hidden x 2 B where states.py counts one"
-)
-GRADS_IN_PARTITION = (
-    "grads_in_partition holds every param that overlaps the rank's partition in full "
-    "(deepspeed/runtime/zero/stage_1_and_2.py:copy_grads_in_partition), not ceil(P / N): up to "
-    "the whole model on a rank whose partition starts inside the embedding"
-)
-NORM_FP64 = (
-    "the grad norm converts each param's slice of the partition to fp64, one at a time "
-    "(deepspeed/runtime/zero/stage_1_and_2.py:get_grad_norm_direct, get_norm_dtype()): 8 B x the "
-    "largest slice, while grads_in_partition is held; more than the fp32 cast when one param "
-    "(the embedding) fills the partition"
-)
-REUSE = (
-    "missing: with stage3_max_reuse_distance at its default (1e9) DeepSpeed does not release a "
-    "param after its forward use when it is needed again within that many elements of the trace "
-    "(deepspeed/runtime/zero/partitioned_param_coordinator.py:__params_to_release): the whole "
-    "model stays gathered from the end of forward into backward, where stage3_live_params counts "
-    "vocab x hidden + one layer + the prefetch bucket"
-)
+# every phase of every run, compared with zerofit's estimate of the rank that holds the most
 CASES = [
-    ("w2", "1", "forward", None),
-    ("w2", "1", "backward", f"{TIED}; {GRADS_IN_PARTITION}"),
-    ("w2", "1", "step", None),
-    ("w2", "2", "forward", None),
-    ("w2", "2", "backward", f"{TIED}; {GRADS_IN_PARTITION}"),
-    ("w2", "2", "step", None),
-    ("w2", "3", "forward", REUSE),
-    ("w2", "3", "backward", REUSE),
-    ("w2", "3", "step", None),
-    ("w1", "3", "forward", None),
-    ("w1", "3", "backward", TIED),
-    ("w1", "3", "step", None),
-    ("w2", BIG_VOCAB, "forward", None),
-    ("w2", BIG_VOCAB, "backward", f"{TIED}; {GRADS_IN_PARTITION}"),
-    ("w2", BIG_VOCAB, "step", f"missing: {GRADS_IN_PARTITION}; {NORM_FP64}"),
+    (launch, run, phase)
+    for launch, (_, runs) in LAUNCHES.items()
+    for run in runs
+    if "reuse=" not in run  # stage3_max_reuse_distance=0: checked term by term below
+    for phase in ("forward", "backward", "step")
 ]
 
 
@@ -168,28 +136,19 @@ def test_tracker_was_validated_on_every_rank(probes):
 
 
 @pytest.mark.parametrize(
-    "launch,run,phase",
-    [
-        pytest.param(
-            launch,
-            run,
-            phase,
-            id=f"{launch}-zero{run}-{phase}",
-            marks=[pytest.mark.xfail(strict=True, reason=why)] if why else [],
-        )
-        for launch, run, phase, why in CASES
-    ],
+    "launch,run,phase", CASES, ids=[f"{c[0]}-zero{c[1]}-{c[2]}" for c in CASES]
 )
 def test_phase_matches_estimate(probes, launch, run, phase):
-    """Each rank's measured peak of ``phase`` is zerofit's prediction within 3 %."""
+    """The largest rank's measured peak of ``phase`` is zerofit's prediction within 3 %: zerofit
+    predicts the rank that holds the most, the one that runs out of memory first (ranks differ
+    where partition boundaries cut parameters, memory/param_layout.py)."""
     predicted = _estimate(probes[launch][0], probes[(launch, run)][0]).phases[phase]
-    for rank, measured_run in enumerate(probes[(launch, run)]):
-        measured = measured_run["steps"][-1][phase]["peak"]
-        error = (predicted - measured) / measured
-        assert abs(error) <= TOLERANCE, (
-            f"rank {rank}: measured {measured:,} B, predicted {predicted:,} B "
-            f"({100 * error:+.1f} %)"
-        )
+    peaks = [measured_run["steps"][-1][phase]["peak"] for measured_run in probes[(launch, run)]]
+    measured = max(peaks)
+    error = (predicted - measured) / measured
+    assert (
+        abs(error) <= TOLERANCE
+    ), f"ranks measured {peaks}, predicted {predicted:,} B ({100 * error:+.1f} %)"
 
 
 @pytest.mark.parametrize("launch,run", [("w2", "1"), ("w2", "2"), ("w1", "3"), ("w2", BIG_VOCAB)])

@@ -274,10 +274,17 @@ def estimate_memory(model, setup: TrainSetup) -> MemoryEstimate:
         # ZeRO-1/2/3: the moments one parameter's grad adds to (states.backward_moments), each
         # with the activations alive then; the worst one is the phase's peak
         activations_at = {"head": stored, "layers": in_backward, "end": 0}
+        # at the end of backward ZeRO-3 has released every other gathered weight: only the
+        # embedding being differentiated is still gathered
+        embedding = model.vocab_size * model.hidden_size * b
+        live_at = {"end": {"live_params": min(live["live_params"], embedding)}}
         moments = [phases["backward"]]
         for moment, extra in st.backward_moments(model, s, b).items():
+            moment_live = live_at.get(moment, live)
             moments.append(
-                _merge(resident, live, backward, extra, {"activations": activations_at[moment]})
+                _merge(
+                    resident, moment_live, backward, extra, {"activations": activations_at[moment]}
+                )
             )
         phases["backward"] = max(moments, key=lambda parts: sum(parts.values()))
     phases["step"] = _merge(resident, step)
@@ -375,6 +382,8 @@ def _largest_transient(
         }
         return max((size for name, size in candidates.items() if name not in peak_parts), default=0)
     if phase == "step":
+        if "grad_norm_fp64" in step:
+            return step["grad_norm_fp64"]  # one parameter's slice in fp64, the largest request
         if "optimizer_step_temp" in step:
             return max(step.get("fp32_grads", 0), step["optimizer_step_temp"])
         # fp32_grads holds the flattened bit16 copy and the fp32 copy: the fp32 one is the larger
@@ -400,6 +409,10 @@ def _plain_backward(
     if casts:
         start["autocast_weights"] = casts
     end = _merge(resident, backward, {"activations": activations[1]})
+    if model.tie_embeddings:
+        # the embedding's own grad and its out-of-place sum with the LM head's (states.py:
+        # backward_moments) before ``.grad`` takes the sum
+        end["tied_embedding_sum"] = 2 * head
     return max(start, end, key=lambda parts: sum(parts.values()))
 
 

@@ -9,6 +9,11 @@ from __future__ import annotations
 import math
 
 from zerofit.memory import pinned
+from zerofit.memory.param_layout import (
+    zero3_kept_gathered_elements,
+    zero12_grad_buffer_elements,
+    zero12_rank_grads,
+)
 
 FP32 = 4
 FP64 = 8
@@ -46,6 +51,12 @@ def largest_layer_param(model) -> int:
     return max(sizes)
 
 
+def grad_buffer_elements(model, s) -> int:
+    """Elements of ZeRO-1/2's gradient buffer on the rank that holds the most: every parameter
+    overlapping its partition, in full (param_layout.zero12_grad_buffer_elements)."""
+    return zero12_grad_buffer_elements(model, s.world_size)
+
+
 def embedding_params(model) -> int:
     """Input embedding (+ untied lm_head) parameter count."""
     return model.vocab_size * model.hidden_size * (1 if model.tie_embeddings else 2)
@@ -72,8 +83,8 @@ def resident_states(model, s, b: int, buckets: dict) -> dict[str, int]:
     if s.stage == 3 and on_gpu_opt:
         out["gradients"] = shard * b  # grad_partitions_flat_buffer, allocated at init
     elif s.stage in (1, 2) and s.grad_accum > 1 and on_gpu_opt:
-        # between micro steps ZeRO-1 keeps the full .grad tensors, ZeRO-2 its partition
-        out["gradients"] = p * b if s.stage == 1 else shard * b
+        # between micro steps ZeRO-1 keeps the full .grad tensors, ZeRO-2 its gradient buffer
+        out["gradients"] = p * b if s.stage == 1 else grad_buffer_elements(model, s) * b
     elif s.stage == 0 and s.grad_accum > 1:
         out["gradients"] = p * b
     if s.stage == 3 and buckets.get("reduce_bucket_size"):
@@ -95,7 +106,7 @@ def backward_buffers(model, s, b: int, buckets: dict) -> dict[str, int]:
         out["comm_buckets"] = (2 if s.overlap_comm else 1) * bucket * b
         if s.offload_optimizer == "none" and p > bucket and s.grad_accum == 1:
             # grads_in_partition is allocated when the first bucket is reduced
-            out["gradients"] = math.ceil(p / n) * b
+            out["gradients"] = grad_buffer_elements(model, s) * b
     elif s.stage == 0:
         out["gradients"] = p * b if s.grad_accum == 1 else 0  # .grad filled as backward goes
         if n > 1:
@@ -133,7 +144,9 @@ def backward_moments(model, s, b: int) -> dict[str, dict[str, int]]:
 
     moments = {"layers": temps(largest_layer_param(model))}
     if model.tie_embeddings:
-        moments["end"] = temps(head)
+        # autograd sums the embedding's own grad and the LM head's (backward_buffers) out of
+        # place (torch/csrc/autograd/input_buffer.cpp: accumulate): both and the sum coexist
+        moments["end"] = {"tied_embedding_sum": 2 * head * b, **temps(head)}
     else:
         moments["head"] = {"lm_head_grad": head * b, **temps(head)}
     return moments
@@ -161,8 +174,10 @@ def offload_grad_temp_bytes(model, s, b: int, elements: int) -> int:
 def step_buffers(model, s, b: int, buckets: dict, optimizer: str = "adamw_torch") -> dict[str, int]:
     """Transient bytes of ``optimizer.step()`` on the GPU, on top of the resident states.
 
-    Stage 1/2: the bit16 grad partition, its flattened copy and the fp32 copy
-    (``flat_grad_partition.to(fp32)``) coexist; then the fp32 grad plus the optimizer's own
+    Stage 1/2: the rank's bit16 gradient buffer (every parameter overlapping its partition,
+    param_layout.py) is held while the grad norm copies one slice at a time to fp64, then while
+    the flattened copy and the fp32 copy (``flat_grad_partition.to(fp32)``) of the partition
+    coexist; the rank where that sum is largest counts. Then the fp32 grad plus the optimizer's own
     temporaries (``optimizers.step_temporary_bytes``: torch foreach AdamW's ``sqrt(exp_avg_sq)``,
     the for-loop's sqrt and quotient, none for fused kernels). The optimizer steps the flat fp32
     partition, one tensor. Stage 3 does the same per sub-group (``sub_group_size``).
@@ -182,20 +197,31 @@ def step_buffers(model, s, b: int, buckets: dict, optimizer: str = "adamw_torch"
     shard = p if s.stage == 0 else math.ceil(p / n)
     # the averaged bit16 grads are still referenced until the fp32 copy exists
     # (with accumulation they are already counted among the resident states)
-    held = {"gradients": shard * b} if s.grad_accum == 1 else {}
-    cast = shard * (b + FP32)  # flattened bit16 copy + fp32 copy
+    # per rank: the gradient buffer it holds until the fp32 copy exists, and its largest slice
+    ranks = [(shard, 0)] if s.stage == 0 else zero12_rank_grads(model, n)
+
+    def before_cast(buffer: int, largest_slice: int) -> dict[str, int]:
+        held = {"gradients": buffer * b} if s.grad_accum == 1 else {}
+        # the grad norm first copies one parameter's slice at a time to fp64 (stage_1_and_2.py:
+        # step -> scaled_global_norm -> get_grad_norm_direct), then the flattened bit16 copy
+        # and the fp32 copy coexist
+        norm, cast = largest_slice * FP64, shard * (b + FP32)
+        return {**held, **({"grad_norm_fp64": norm} if norm > cast else {"fp32_grads": cast})}
+
+    first = max((before_cast(*rank) for rank in ranks), key=lambda parts: sum(parts.values()))
     temp = step_temporary_bytes(optimizer, shard, shard)
-    if sum(held.values()) + cast >= shard * FP32 + temp:
-        return {**held, "fp32_grads": cast}
+    if sum(first.values()) >= shard * FP32 + temp:
+        return first
     # by the optimizer's own step the bit16 grads and the flattened copy are freed
     return {"fp32_grads": shard * FP32, "optimizer_step_temp": temp}
 
 
 def stage3_live_params(model, s, b: int, buckets: dict) -> int:
     """Gathered (full) parameters resident during forward/backward under ZeRO-3 with N > 1:
-    the current module, the prefetch bucket and, at the loss, the lm_head matrix; bounded by
-    ``stage3_max_live_parameters``. With one rank DeepSpeed skips the gather
-    (``partition_parameters.py:_no_gather_coalesced``): ``NoGatherHandle`` sets ``param.data =
+    the current module, the prefetch bucket and, at the loss, the lm_head matrix (bounded by
+    ``stage3_max_live_parameters``), or, when more, every weight reused within
+    ``stage3_max_reuse_distance`` (param_layout.zero3_kept_gathered_elements). With one rank
+    DeepSpeed skips the gather (``partition_parameters.py:_no_gather_coalesced``): ``NoGatherHandle`` sets ``param.data =
     ds_tensor.to(device)``, no copy when the partition is on the GPU, a full copy of each module
     when parameters are offloaded to the CPU."""
     if s.stage != 3 or (s.world_size == 1 and s.offload_param == "none"):
@@ -205,7 +231,11 @@ def stage3_live_params(model, s, b: int, buckets: dict) -> int:
     live = min(
         live, int(buckets.get("stage3_max_live_parameters", 1_000_000_000)) + layer_params(model)
     )
-    return min(live, model.params) * b
+    # what is reused soon stays gathered from the end of forward into backward
+    # (param_layout.zero3_kept_gathered_elements); stage3_max_live_parameters only caps prefetch
+    reuse = int(buckets.get("stage3_max_reuse_distance", 1_000_000_000))
+    kept = zero3_kept_gathered_elements(model, reuse, s.gradient_checkpointing)
+    return min(max(live, kept), model.params) * b
 
 
 def cpu_bytes_per_rank(model, s, b: int, buckets: dict) -> int:
