@@ -6,6 +6,11 @@ before ZeRO-3 (0.45 s vs 0.20 s: per-layer all-gathers, ~50 % more communication
 gradient checkpointing before checkpointing (0.29 s: one extra forward), then the lower stage
 (stage 1 and 2 move the same bytes; the lower one does less bookkeeping), then the larger micro
 batch (fewer, fuller kernels and fewer accumulation steps).
+
+Stage 1 against 2 and one micro batch against the next are near ties in speed, so among them a
+fit that leaves at least the median fragmentation of long runs spare comes first
+(``Candidate.tight``, memory/overheads.py: public OOM messages of training runs lost a median
+1.25 GiB to it): a plan with 0.3 GiB to spare is one varying batch away from an OOM at hour 20.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from dataclasses import dataclass
 from zerofit.planning.answers import Answers
 from zerofit.errors import ZerofitError
 from zerofit.memory.estimate import GIB, MemoryEstimate, TrainSetup, estimate_memory
+from zerofit.memory.overheads import FRAGMENTATION_AT_OOM_MEDIAN_GIB
 
 MAX_MICRO = 64
 # Where the node's RAM cannot be read (and --host-ram-gib is not given), offload plans assume a
@@ -39,6 +45,12 @@ class Candidate:
     host_fits: bool = True
     pin_memory: bool = True  # offload buffers page-locked (only matters with offload)
     pinned_cpu_gib: float | None = None  # host RAM pinned buffers needed, where unpinned instead
+    spare_gib: float = 0.0  # the GPU budget minus gpu_need_gib
+
+    @property
+    def tight(self) -> bool:
+        """Fits, with less to spare than long runs lose to fragmentation (overheads.py)."""
+        return self.fits and self.spare_gib < FRAGMENTATION_AT_OOM_MEDIAN_GIB
 
     @property
     def failing_budget(self) -> str | None:
@@ -56,6 +68,7 @@ class Candidate:
             self.offload_optimizer != "none",
             self.stage == 3,
             self.gradient_checkpointing,
+            self.tight,
             self.stage,
             -self.micro_batch,
         )
@@ -283,7 +296,19 @@ def evaluate(
         fits = gpu_ok and host_ok
         out.append(
             Candidate(
-                stage, oo, op, gc, m, est, fits, need, gpu_ok, host_ok, pinned, pinned_cpu_gib
+                stage,
+                oo,
+                op,
+                gc,
+                m,
+                est,
+                fits,
+                need,
+                gpu_ok,
+                host_ok,
+                pinned,
+                pinned_cpu_gib,
+                spare_gib=gpu.memory_gib * answers.headroom - need,
             )
         )
     return out

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from zerofit.hardware import CATALOG
+from zerofit.memory.overheads import FRAGMENTATION_AT_OOM_MEDIAN_GIB
 import dataclasses
 
 from zerofit.planning.planner import Candidate, best_of, evaluate, host_ram_gib, option_grid
@@ -33,6 +34,15 @@ def verdict_words(c: Candidate, answers, gpu, budget: float) -> str:
     if c.host_fits:
         return f"does not fit on the GPU: needs {gpu_part}"
     return f"does not fit: needs {gpu_part} and {host_part}"
+
+
+def tight_words(c: Candidate) -> str:
+    """Why a candidate that fits was passed over: it leaves less than long runs lose."""
+    return (
+        f"fits with only {_gib(c.spare_gib)} to spare, under the "
+        f"{FRAGMENTATION_AT_OOM_MEDIAN_GIB} GiB that public OOM messages show long runs lose to "
+        "fragmentation"
+    )
 
 
 def decide(
@@ -86,7 +96,12 @@ def decide(
             )
         elif lower:
             nxt = max(lower, key=lambda c: c.stage)
-            verdict = "fits but is slower" if nxt.fits else verdict_words(nxt, answers, gpu, budget)
+            if nxt.tight and not chosen.tight:
+                verdict = tight_words(nxt)
+            elif nxt.fits:
+                verdict = "fits but is slower"
+            else:
+                verdict = verdict_words(nxt, answers, gpu, budget)
             why = f"stage {chosen.stage}: {model_desc} {need}; stage {nxt.stage} {verdict}"
         else:
             why = f"stage {chosen.stage}: {model_desc} {need}"
@@ -156,10 +171,12 @@ def decide(
         if bigger:
             nxt = min(bigger, key=lambda c: c.micro_batch)
             lead = "the largest that fits" if chosen.fits else "the least memory"
-            why = (
-                f"{chosen.micro_batch}: {lead}; micro {nxt.micro_batch} "
-                f"{verdict_words(nxt, answers, gpu, budget)}"
-            )
+            if nxt.tight and not chosen.tight:
+                lead, verdict = "the largest that fits with room", tight_words(nxt)
+            else:
+                verdict = verdict_words(nxt, answers, gpu, budget)
+            why = f"{chosen.micro_batch}: {lead}; micro {nxt.micro_batch} {verdict}"
+
         else:
             why = f"{chosen.micro_batch}: the largest that divides each GPU's share of the global batch"
     out.append(Decision("micro_batch", chosen.micro_batch, why))

@@ -130,4 +130,10 @@ def run(args) -> int:
     console.print(alt)
     for s in p.suggestions:
         console.print(f"- would fit: {s}")
+    if p.fits:
+        from zerofit.memory.overheads import tight_fit_note
+
+        note = tight_fit_note(p.gpu.memory_gib * p.answers.headroom - p.gpu_need_gib)
+        if note:
+            console.print(note)
     return 0
