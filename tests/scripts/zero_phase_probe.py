@@ -402,16 +402,10 @@ def run_stage(args, spec: str) -> dict:
             last = step == args.steps - 1
             tracker.logging = last and args.log_bytes > 0
             phases, tensors = {}, {}
-            for name in ("forward", "backward", "step"):
+            loss = None
+            for name in PHASES:
                 start = tracker.start_phase()
-                if name == "forward":
-                    loss = engine(input_ids=ids, labels=ids).loss
-                elif name == "backward":
-                    engine.backward(loss)
-                else:
-                    engine.step()
-                    del loss
-                    gc.collect()
+                loss = run_phase(engine, ids, name, loss)
                 phases[name] = {
                     "start": start,
                     "peak": tracker.peak,
@@ -439,6 +433,23 @@ def run_stage(args, spec: str) -> dict:
     return out
 
 
+PHASES = ("forward", "backward", "step")
+
+
+def run_phase(engine, ids, name: str, loss):
+    """One phase of a training step on the engine; the loss to carry into the next phase (None
+    once the optimizer stepped, and the freed graph collected, so the phase ends without it)."""
+    if name == "forward":
+        return engine(input_ids=ids, labels=ids).loss
+    if name == "backward":
+        engine.backward(loss)
+        return loss
+    engine.step()
+    del loss
+    gc.collect()
+    return None
+
+
 def profiled_step(engine, ids) -> dict:
     """One more training step under ``torch.profiler`` (``profile_memory=True``) with the tracker's
     dispatch mode off: per phase, the peak of the CPU allocator's "Total Allocated" counter above
@@ -460,16 +471,10 @@ def profiled_step(engine, ids) -> dict:
     with _disable_current_modes():
         gc.collect()
         with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-            for name in ("forward", "backward", "step"):
+            loss = None
+            for name in PHASES:
                 with record_function("PHASE_" + name):
-                    if name == "forward":
-                        loss = engine(input_ids=ids, labels=ids).loss
-                    elif name == "backward":
-                        engine.backward(loss)
-                    else:
-                        engine.step()
-                        del loss
-                        gc.collect()
+                    loss = run_phase(engine, ids, name, loss)
         with tempfile.TemporaryDirectory() as tmp:
             path = os.path.join(tmp, "trace.json")
             prof.export_chrome_trace(path)
