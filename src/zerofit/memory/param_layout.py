@@ -23,6 +23,7 @@ order is what matters for where the boundaries fall.
 
 from __future__ import annotations
 
+import functools
 import math
 
 
@@ -78,18 +79,21 @@ def _overlaps(sizes: list[int], world: int) -> list[list[int]]:
     return out
 
 
-def zero12_rank_grads(model, world: int) -> list[tuple[int, int]]:
+# The planner estimates dozens of candidates of one model: each layout is computed once
+# (ModelSpec is a frozen dataclass, so it can key a cache).
+@functools.lru_cache(maxsize=256)
+def zero12_rank_grads(model, world: int) -> tuple[tuple[int, int], ...]:
     """Per rank, ``(gradient buffer elements, largest slice)``: the full size of every parameter
     overlapping the rank's partition (``copy_grads_in_partition``) and the largest slice one
     parameter has inside it, what the gradient norm converts to fp64 at once
     (``get_grad_norm_direct``)."""
     if world <= 1:
-        return [(model.params, max(ordered_param_numels(model)))]
+        return ((model.params, max(ordered_param_numels(model))),)
     sizes = ordered_param_numels(model)
-    return [
+    return tuple(
         (sum(size for size, inside in zip(sizes, row) if inside), max(row))
         for row in _overlaps(sizes, world)
-    ]
+    )
 
 
 def zero12_grad_buffer_elements(model, world: int) -> int:
@@ -97,6 +101,7 @@ def zero12_grad_buffer_elements(model, world: int) -> int:
     return max(buffer for buffer, _ in zero12_rank_grads(model, world))
 
 
+@functools.lru_cache(maxsize=256)
 def zero3_kept_gathered_elements(model, reuse_distance: int, checkpointing: bool) -> int:
     """Elements ZeRO-3 keeps gathered at the end of forward because they are used again soon.
 

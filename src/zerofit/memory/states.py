@@ -221,9 +221,9 @@ def stage3_live_params(model, s, b: int, buckets: dict) -> int:
     the current module, the prefetch bucket and, at the loss, the lm_head matrix (bounded by
     ``stage3_max_live_parameters``), or, when more, every weight reused within
     ``stage3_max_reuse_distance`` (param_layout.zero3_kept_gathered_elements). With one rank
-    DeepSpeed skips the gather (``partition_parameters.py:_no_gather_coalesced``): ``NoGatherHandle`` sets ``param.data =
-    ds_tensor.to(device)``, no copy when the partition is on the GPU, a full copy of each module
-    when parameters are offloaded to the CPU."""
+    DeepSpeed skips the gather (``partition_parameters.py:_no_gather_coalesced``):
+    ``NoGatherHandle`` sets ``param.data = ds_tensor.to(device)``, no copy when the partition is
+    on the GPU, a full copy of each module when parameters are offloaded to the CPU."""
     if s.stage != 3 or (s.world_size == 1 and s.offload_param == "none"):
         return 0
     prefetch = int(buckets.get("stage3_prefetch_bucket_size", 50_000_000))
