@@ -103,6 +103,8 @@ def test_plan_json_and_table(capsys):
     )
     assert out["global_batch"] == out["micro_batch"] * out["grad_accum"] * out["world_size"] == 16
     assert out["fits"] is True and out["decisions"] and len(out["alternatives"]) == 16
+    budget = out["gpu_need_gib"] + out["spare_gib"]
+    assert budget == pytest.approx(79.11, abs=0.01)  # the default GPU, H100-SXM, at headroom 1
     assert main(["plan", "--model", "qwen2.5-0.5b", "--gpu", "A10"]) == 0
     assert "alternatives" in capsys.readouterr().out
 

@@ -45,6 +45,8 @@ def build_plan_dict(p) -> dict:
         "alternatives": [dict(vars(a)) for a in p.alternatives],
         "suggestions": list(p.suggestions),
         "gpu_need_gib": p.gpu_need_gib,
+        # what the GPU budget leaves beyond gpu_need_gib (as estimate --json)
+        "spare_gib": round(p.gpu.memory_gib * p.answers.headroom - p.gpu_need_gib, 3),
         "host_ram_gib": p.host_ram_gib,
         "host_ram_source": p.host_ram_source,
         "failing_budget": p.failing_budget,
