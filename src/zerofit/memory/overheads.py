@@ -102,11 +102,16 @@ def nccl_buffer_bytes(world_size: int, gpus_per_node: int, interconnect: str = "
     return channels * connections * per_connection
 
 
+def is_tight(spare_gib: float) -> bool:
+    """A fit leaves less than the median fragmentation public training runs showed when they ran
+    out of memory (see the module docstring)."""
+    return spare_gib < FRAGMENTATION_AT_OOM_MEDIAN_GIB
+
+
 def tight_fit_note(spare_gib: float) -> str | None:
-    """A caution for a fit that leaves less than the median fragmentation public training runs
-    showed when they ran out of memory (see the module docstring), with what keeps it down; None
-    when the spare memory is above that. Advice only: the verdict does not change."""
-    if spare_gib >= FRAGMENTATION_AT_OOM_MEDIAN_GIB:
+    """A caution for a tight fit (``is_tight``), with what keeps fragmentation down; None when
+    the spare memory is above that. Advice only: the verdict does not change."""
+    if not is_tight(spare_gib):
         return None
     return (
         f"note: only {spare_gib:.1f} GiB to spare; public OOM messages of training runs show a "

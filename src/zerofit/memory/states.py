@@ -51,12 +51,6 @@ def largest_layer_param(model) -> int:
     return max(sizes)
 
 
-def grad_buffer_elements(model, s) -> int:
-    """Elements of ZeRO-1/2's gradient buffer on the rank that holds the most: every parameter
-    overlapping its partition, in full (param_layout.zero12_grad_buffer_elements)."""
-    return zero12_grad_buffer_elements(model, s.world_size)
-
-
 def embedding_params(model) -> int:
     """Input embedding (+ untied lm_head) parameter count."""
     return model.vocab_size * model.hidden_size * (1 if model.tie_embeddings else 2)
@@ -84,7 +78,7 @@ def resident_states(model, s, b: int, buckets: dict) -> dict[str, int]:
         out["gradients"] = shard * b  # grad_partitions_flat_buffer, allocated at init
     elif s.stage in (1, 2) and s.grad_accum > 1 and on_gpu_opt:
         # between micro steps ZeRO-1 keeps the full .grad tensors, ZeRO-2 its gradient buffer
-        out["gradients"] = p * b if s.stage == 1 else grad_buffer_elements(model, s) * b
+        out["gradients"] = p * b if s.stage == 1 else zero12_grad_buffer_elements(model, n) * b
     elif s.stage == 0 and s.grad_accum > 1:
         out["gradients"] = p * b
     if s.stage == 3 and buckets.get("reduce_bucket_size"):
@@ -106,7 +100,7 @@ def backward_buffers(model, s, b: int, buckets: dict) -> dict[str, int]:
         out["comm_buckets"] = (2 if s.overlap_comm else 1) * bucket * b
         if s.offload_optimizer == "none" and p > bucket and s.grad_accum == 1:
             # grads_in_partition is allocated when the first bucket is reduced
-            out["gradients"] = grad_buffer_elements(model, s) * b
+            out["gradients"] = zero12_grad_buffer_elements(model, n) * b
     elif s.stage == 0:
         out["gradients"] = p * b if s.grad_accum == 1 else 0  # .grad filled as backward goes
         if n > 1:

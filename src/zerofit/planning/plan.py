@@ -53,6 +53,7 @@ class Plan:
     alternatives: tuple[Alternative, ...] = ()
     suggestions: tuple[str, ...] = ()  # what would fit, when nothing does
     gpu_need_gib: float = 0.0  # everything the GPU holds, compared with its memory
+    spare_gib: float = 0.0  # what the GPU budget leaves beyond gpu_need_gib
     host_ram_gib: float = 0.0  # host RAM per node the verdict used
     host_ram_source: str = ""  # given | this node | assumed
     failing_budget: str | None = None  # gpu | host | gpu+host when it does not fit
@@ -174,6 +175,7 @@ def plan(answers: Answers, model: Any = None) -> Plan:
         alternatives=tuple(alternatives),
         suggestions=suggestions,
         gpu_need_gib=round(chosen.need_gib, 2),
+        spare_gib=round(chosen.spare_gib, 3),
         host_ram_gib=round(ram, 1),
         host_ram_source=ram_source,
         failing_budget=chosen.failing_budget,

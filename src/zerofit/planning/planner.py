@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from zerofit.planning.answers import Answers
 from zerofit.errors import ZerofitError
 from zerofit.memory.estimate import GIB, MemoryEstimate, TrainSetup, estimate_memory
-from zerofit.memory.overheads import FRAGMENTATION_AT_OOM_MEDIAN_GIB
+from zerofit.memory.overheads import is_tight
 
 MAX_MICRO = 64
 # Where the node's RAM cannot be read (and --host-ram-gib is not given), offload plans assume a
@@ -50,7 +50,7 @@ class Candidate:
     @property
     def tight(self) -> bool:
         """Fits, with less to spare than long runs lose to fragmentation (overheads.py)."""
-        return self.fits and self.spare_gib < FRAGMENTATION_AT_OOM_MEDIAN_GIB
+        return self.fits and is_tight(self.spare_gib)
 
     @property
     def failing_budget(self) -> str | None:

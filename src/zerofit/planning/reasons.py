@@ -176,7 +176,6 @@ def decide(
             else:
                 verdict = verdict_words(nxt, answers, gpu, budget)
             why = f"{chosen.micro_batch}: {lead}; micro {nxt.micro_batch} {verdict}"
-
         else:
             why = f"{chosen.micro_batch}: the largest that divides each GPU's share of the global batch"
     out.append(Decision("micro_batch", chosen.micro_batch, why))

@@ -45,8 +45,7 @@ def build_plan_dict(p) -> dict:
         "alternatives": [dict(vars(a)) for a in p.alternatives],
         "suggestions": list(p.suggestions),
         "gpu_need_gib": p.gpu_need_gib,
-        # what the GPU budget leaves beyond gpu_need_gib (as estimate --json)
-        "spare_gib": round(p.gpu.memory_gib * p.answers.headroom - p.gpu_need_gib, 3),
+        "spare_gib": p.spare_gib,
         "host_ram_gib": p.host_ram_gib,
         "host_ram_source": p.host_ram_source,
         "failing_budget": p.failing_budget,
@@ -135,7 +134,7 @@ def run(args) -> int:
     if p.fits:
         from zerofit.memory.overheads import tight_fit_note
 
-        note = tight_fit_note(p.gpu.memory_gib * p.answers.headroom - p.gpu_need_gib)
+        note = tight_fit_note(p.spare_gib)
         if note:
             console.print(note)
     return 0
