@@ -36,6 +36,8 @@ FULL = [
     "bf16",
     "--workload",
     "sft",
+    # equal-length rows, as the spelled-out case in test_memory (padding has its own test)
+    "--no-padding",
     "--json",
 ]
 
@@ -155,6 +157,8 @@ def test_calibration_points_through_the_users_ds_config(capsys, tmp_path):
                 "--ds-config",
                 str(path),
                 "--gradient-checkpointing" if pt["gc"] else "--no-gradient-checkpointing",
+                # the runs fed equal-length random ids without an attention mask
+                "--no-padding",
                 "--json",
             ],
         )
@@ -397,3 +401,19 @@ def test_estimate_says_what_a_fit_leaves_and_cautions_a_tight_one(capsys):
     assert out["fits"] and 0.4 < out["spare_gib"] < 0.6
     assert main(tight) == 0
     assert "lost to fragmentation after many steps" in capsys.readouterr().out
+
+
+def test_padding_is_reported_and_can_be_turned_off(capsys):
+    """FULL's micro batch of 2 is padded by default (planner.pads_batches): --json says so and
+    what it costs; --no-padding estimates equal-length rows."""
+    unpadded = _json(capsys, FULL)
+    padded = _json(capsys, [arg for arg in FULL if arg != "--no-padding"])
+    assert (padded["padded"], unpadded["padded"]) == (True, False)
+    assert unpadded["padding_gib"] == 0.0
+    assert padded["padding_gib"] > 0
+    assert padded["peak_gib"] == pytest.approx(
+        unpadded["peak_gib"] + padded["padding_gib"], abs=2e-3
+    )
+    text_args = [arg for arg in FULL if arg not in ("--no-padding", "--json")]
+    assert main(text_args) == 0
+    assert "--no-padding" in capsys.readouterr().out

@@ -32,6 +32,7 @@ def _saved_bytes(
     seq: int = 64,
     autocast_fp32_weights: bool = False,
     family: str = "qwen2",
+    padded: bool = False,
     **shape,
 ) -> int:
     torch = pytest.importorskip("torch")
@@ -60,10 +61,20 @@ def _saved_bytes(
     # fp32 weights train under autocast, as accelerate and the HF Trainer run them without
     # DeepSpeed (Accelerator.autocast); bf16 weights need none
     autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast_fp32_weights)
+    inputs = {"input_ids": torch.randint(0, 2000, (batch, seq))}
+    if padded:
+        inputs["attention_mask"] = _padded_mask(torch, batch, seq)
     with saved_tensors_hooks(pack, lambda t: t), autocast:
-        hidden = model.model(input_ids=torch.randint(0, 2000, (batch, seq))).last_hidden_state
+        hidden = model.model(**inputs).last_hidden_state
         model.lm_head(hidden)
     return sum(saved.values())
+
+
+def _padded_mask(torch, batch: int, seq: int):
+    """An attention mask whose last row ends in padding, as a collator pads a shorter sequence."""
+    mask = torch.ones((batch, seq), dtype=torch.long)
+    mask[-1, seq - seq // 4 :] = 0
+    return mask
 
 
 @pytest.mark.parametrize("checkpointing", [False, True])
@@ -160,3 +171,56 @@ def test_other_norm_layouts_match_autograd(family, checkpointing):
     spec = dataclasses.replace(TINY, architecture=family)
     predicted = act.stored_activation_bytes(spec, 2, 2 * 64, 2, 64, "sdpa", checkpointing)
     assert predicted == pytest.approx(traced, rel=0.03)
+
+
+def test_padded_batch_keeps_a_mask_copy_and_repeated_kv_per_layer():
+    """A padded micro batch (attention mask with zeros): transformers passes a boolean mask, so
+    sdpa cannot run GQA natively (K and V are repeated to every head) and torch converts the
+    mask to an additive bf16 copy in every layer, which the kernel saves
+    (activations.padded_attention_bytes)."""
+    traced = _saved_bytes(False, padded=True)
+    unpadded = act.stored_activation_bytes(TINY, 2, 2 * 64, 2, 64, "sdpa", False)
+    padded = act.stored_activation_bytes(TINY, 2, 2 * 64, 2, 64, "sdpa", False, padded=True)
+    per_layer = act.padded_attention_bytes(TINY, 2, 2, 64, "sdpa")
+    # K and V at 4 heads instead of 2 (head_dim 32, bf16), plus the [2, 1, 64, 64] bf16 mask
+    assert per_layer == 2 * 64 * 2 * (4 - 2) * 32 * 2 + 2 * 64 * 64 * 2
+    assert padded == unpadded + TINY.num_layers * per_layer
+    assert padded == pytest.approx(traced, rel=0.03)
+    assert traced - _saved_bytes(False) == TINY.num_layers * per_layer
+
+
+def test_flash_and_eager_attention_save_nothing_more_when_padded():
+    assert act.padded_attention_bytes(TINY, 2, 2, 64, "flash_attention_2") == 0
+    assert act.padded_attention_bytes(TINY, 2, 2, 64, "eager") == 0
+    assert act.padding_mask_bytes(2, 64, "flash_attention_2") == 0
+
+
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_boolean_mask_outlives_the_forward_only_under_checkpointing(checkpointing):
+    """Under non-reentrant checkpointing every layer's recompute closure holds the boolean mask
+    until backward (activations.padding_mask_bytes); without it the mask dies with the forward."""
+    import gc
+
+    torch = pytest.importorskip("torch")
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    cfg = AutoConfig.for_model(
+        "qwen2", attn_implementation="sdpa", use_cache=False, **dict(TINY_DECODER)
+    )
+    model = AutoModelForCausalLM.from_config(cfg).to(torch.bfloat16).train()
+    if checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    batch, seq = 2, 64
+    ids = torch.randint(0, 2000, (batch, seq))
+    loss = model(input_ids=ids, attention_mask=_padded_mask(torch, batch, seq), labels=ids).loss
+    gc.collect()
+    masks = [t for t in gc.get_objects() if _is_4d_bool_tensor(torch, t)]
+    expected = act.padding_mask_bytes(batch, seq, "sdpa") if checkpointing else 0
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in masks}
+    assert sum(storages.values()) == expected
+    loss.backward()
+
+
+def _is_4d_bool_tensor(torch, obj) -> bool:
+    # type() instead of isinstance(): isinstance on some torch module attributes warns
+    return issubclass(type(obj), torch.Tensor) and obj.dtype == torch.bool and obj.dim() == 4

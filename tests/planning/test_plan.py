@@ -282,3 +282,31 @@ def test_a_near_tie_goes_to_the_fit_that_leaves_room_for_long_run_fragmentation(
     # the user's own stage 1 is kept, tight or not
     forced = plan(dataclasses.replace(answers, stage=1))
     assert forced.stage == 1 and forced.fits
+
+
+@pytest.mark.parametrize(
+    "workload, micro, padding, expected",
+    [
+        ("sft", 1, None, False),  # one sequence per forward: nothing to pad
+        ("sft", 4, None, True),  # the collator pads to the longest row
+        ("dpo", 1, None, True),  # chosen + rejected padded into one batch
+        ("grpo", 1, None, True),  # left-padded prompts, completions padded after EOS
+        ("sft", 4, False, False),  # packed / padding-free, as the user says
+        ("sft", 1, True, True),
+    ],
+)
+def test_padding_follows_the_collators_unless_the_user_says(workload, micro, padding, expected):
+    from zerofit.planning.planner import pads_batches
+
+    answers = Answers(workload=workload, padding=padding, num_generations=2, seq_len=1024)
+    assert pads_batches(answers, micro) is expected
+
+
+def test_padded_micro_batches_cost_memory_in_the_plan():
+    """The planner estimates padded rows unless told they are packed: the same fixed config
+    needs more with padding, by the mask copies and repeated K/V of every layer."""
+    fixed = dict(gpu="H100-SXM", seq_len=4096, stage=2, micro_batch=4, global_batch=4)
+    fixed.update(gradient_checkpointing=False)
+    padded = plan(Answers(**fixed), model=QWEN25_7B)
+    packed = plan(Answers(padding=False, **fixed), model=QWEN25_7B)
+    assert padded.peak_gib > packed.peak_gib + 1.0

@@ -44,6 +44,9 @@ _HELP = {
     "hf (full-vocabulary fp32 logits: HF Trainer, LLaMA-Factory), liger (fused linear "
     "cross-entropy), trl_fused (TRL >= 1.16's chunked LM head in its DPO/GRPO trainers) or "
     "trl_logps (TRL 0.14-1.15: bf16 logits and row-wise log_softmax)",
+    "padding": "micro batches padded to their longest sequence (default: yes when a forward "
+    "carries more than one sequence, and for dpo and grpo); --no-padding for packed, "
+    "padding-free or equal-length batches",
     "precompute_ref": "dpo: reference log-probs precomputed (TRL precompute_ref_log_probs)",
     "vllm_gpu_memory_utilization": "grpo: colocated vLLM's share of each GPU (e.g. 0.3)",
     "steps_per_generation": "grpo: micro batches generated at once (default: grad accumulation)",

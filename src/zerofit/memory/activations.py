@@ -11,9 +11,15 @@ linear layer computes in ``a``). All functions return bytes.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 FP32 = 4
+# the memory-efficient sdpa kernel's alignment of a mask's last dimension: torch pads the
+# converted [batch, 1, q, kv] mask to it and keeps the padded copy (aten/src/ATen/native/
+# transformers/attention.cpp: preprocess_mask, mem_eff_alignment; 16 in torch 2.1-2.2, where
+# the copy was padded after expanding to every head)
+SDPA_MASK_ALIGNMENT = 8
 
 
 @dataclass(frozen=True)
@@ -179,7 +185,7 @@ def logits_peak_bytes_per_token(model, a: int) -> int:
     return max(forward, backward)
 
 
-def one_layer_bytes(
+def padded_attention_bytes(
     model,
     a: int,
     micro_batch: int,
@@ -187,10 +193,62 @@ def one_layer_bytes(
     attention: str,
     residual: int | None = None,
 ) -> int:
+    """What one layer's sdpa attention saves on top when the micro batch is padded.
+
+    A padded batch has zeros in its ``attention_mask``, so transformers builds a boolean
+    ``[batch, 1, q, kv]`` mask (``masking_utils.sdpa_mask``; without zeros it skips the mask and
+    sdpa runs ``is_causal``) and passes it to every layer. Two copies follow, per layer:
+    - GQA: ``integrations/sdpa_attention.py:use_gqa_in_sdpa`` refuses ``enable_gqa`` when there
+      is a mask (CUDA would fall back to the math kernel), so ``repeat_kv`` copies K and V to
+      every head and the kernel saves the copies: 2 x (heads - kv_heads) x head_dim more per
+      token than the unpadded layer;
+    - torch's ``scaled_dot_product_attention`` (``aten/.../transformers/attention.cpp``:
+      ``convert_boolean_attn_mask``) turns the boolean mask into an additive one in the query's
+      dtype, a new tensor on every call, and the kernel keeps it for backward (the efficient and
+      cuDNN kernels' ``attn_bias``, the CPU kernel's ``attn_mask``: torch's generated
+      ``autograd/generated/Functions.h``, ``ScaledDotProduct*Backward0``); the efficient kernel
+      first pads its last dimension to ``SDPA_MASK_ALIGNMENT`` (``preprocess_mask``).
+      (transformers before 4.53 built one float mask in the model's dtype instead, which sdpa
+      passes through without converting it.)
+    Flash attention unpads instead (its varlen copies replace the padded q, k, v) and eager
+    attention repeats K/V and adds one shared mask either way: neither saves more per layer.
+    """
+    if attention != "sdpa":
+        return 0
+    trace = traced_layer(model, a, attention, residual)
+    if trace is not None and trace.attention == "eager":
+        return 0  # transformers runs this class's eager attention (activations_basis)
+    repeated = 2 * (model.num_heads - model.num_kv_heads) * model.head_dim * a
+    kv_aligned = math.ceil(seq_len / SDPA_MASK_ALIGNMENT) * SDPA_MASK_ALIGNMENT
+    mask = seq_len * kv_aligned * a
+    return micro_batch * (seq_len * repeated + mask)
+
+
+def padding_mask_bytes(micro_batch: int, seq_len: int, attention: str) -> int:
+    """transformers' boolean ``[batch, 1, q, kv]`` sdpa mask of a padded batch (1 byte an entry;
+    flash attention takes the 2-D mask and builds none). Under checkpointing each layer's
+    recompute closure holds it (``GradientCheckpointingLayer`` passes it as a keyword), so it
+    lives until backward has passed the first layer."""
+    return micro_batch * seq_len * seq_len if attention == "sdpa" else 0
+
+
+def one_layer_bytes(
+    model,
+    a: int,
+    micro_batch: int,
+    seq_len: int,
+    attention: str,
+    residual: int | None = None,
+    padded: bool = False,
+) -> int:
     """Everything one decoder layer keeps for ``micro_batch`` sequences of ``seq_len`` tokens:
-    per-token tensors plus the seq x seq scores where the attention keeps them."""
+    per-token tensors plus the seq x seq scores where the attention keeps them, plus the mask
+    copy and repeated K/V of a padded batch (``padded_attention_bytes``)."""
     per_token = layer_bytes_per_token(model, a, attention, residual) * micro_batch * seq_len
-    return per_token + scores_bytes(model, a, micro_batch, seq_len, attention, residual)
+    one = per_token + scores_bytes(model, a, micro_batch, seq_len, attention, residual)
+    if padded:
+        one += padded_attention_bytes(model, a, micro_batch, seq_len, attention, residual)
+    return one
 
 
 def stored_activation_bytes(
@@ -202,15 +260,19 @@ def stored_activation_bytes(
     attention: str,
     checkpointing: bool,
     residual: int | None = None,
+    padded: bool = False,
 ) -> int:
     """Bytes autograd holds at the end of the forward, excluding the logits/loss path."""
     layers = model.num_layers
+    final = final_bytes_per_token(model, a, residual) * tokens
     if checkpointing:
-        # non-reentrant checkpointing keeps only each layer's input hidden states
+        # non-reentrant checkpointing keeps only each layer's input hidden states (and the
+        # padded batch's boolean mask, held by every layer's recompute closure)
         per_layer = (residual or a) * model.hidden_size * tokens
-    else:
-        per_layer = one_layer_bytes(model, a, micro_batch, seq_len, attention, residual)
-    return layers * per_layer + final_bytes_per_token(model, a, residual) * tokens
+        mask = padding_mask_bytes(micro_batch, seq_len, attention) if padded else 0
+        return layers * per_layer + final + mask
+    per_layer = one_layer_bytes(model, a, micro_batch, seq_len, attention, residual, padded)
+    return layers * per_layer + final
 
 
 def recompute_bytes(
@@ -221,10 +283,11 @@ def recompute_bytes(
     seq_len: int,
     attention: str,
     residual: int | None = None,
+    padded: bool = False,
 ) -> int:
     """One layer recomputed in backward under checkpointing, plus its gradient temporaries
     (grad of the hidden states in and out, and the widest MLP gradient)."""
-    one = one_layer_bytes(model, a, micro_batch, seq_len, attention, residual)
+    one = one_layer_bytes(model, a, micro_batch, seq_len, attention, residual, padded)
     return one + backward_temporaries_bytes(model, a, tokens, residual)
 
 

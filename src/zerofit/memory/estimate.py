@@ -79,6 +79,10 @@ class TrainSetup:
     vllm_gpu_memory_utilization: float | None = None  # grpo: colocated vLLM's share of the GPU
     steps_per_generation: int | None = None  # grpo: None = grad_accum (TRL default)
     interconnect: str = "nvlink"  # intra-node link, sizes NCCL's channels
+    # the micro batch is padded to its longest sequence (an attention mask with zeros:
+    # activations.padded_attention_bytes); False: equal-length rows, packed or padding-free, as
+    # the calibration runs fed them (random ids, no attention_mask)
+    padded: bool = False
     # stage 0 without DeepSpeed: the dtype the weights were loaded in (None: fp32, what TRL's
     # trainers load a model name in and what our recipes load; see ``weight_bytes``)
     weights_dtype: str | None = None
@@ -234,7 +238,7 @@ def estimate_memory(model, setup: TrainSetup) -> MemoryEstimate:
     live = {"live_params": st.stage3_live_params(model, s, b, buckets)}
 
     stored = act.stored_activation_bytes(
-        model, b, tokens, seqs, s.seq_len, s.attention, s.gradient_checkpointing, r
+        model, b, tokens, seqs, s.seq_len, s.attention, s.gradient_checkpointing, r, s.padded
     )
     loss_bytes = losses.train_loss_bytes(path, model, b, logit_tokens)
     # fp32 weights under autocast: the cast copies live from the forward until autocast exits,
@@ -245,7 +249,7 @@ def estimate_memory(model, setup: TrainSetup) -> MemoryEstimate:
     if casts:
         phases["forward"]["autocast_weights"] = casts
     if s.gradient_checkpointing:
-        recompute = act.recompute_bytes(model, b, tokens, seqs, s.seq_len, s.attention, r)
+        recompute = act.recompute_bytes(model, b, tokens, seqs, s.seq_len, s.attention, r, s.padded)
         in_backward = stored + recompute
         # the first layer's backward: its recomputed layer and its own saved input
         last_layer = recompute + r * model.hidden_size * tokens
@@ -255,7 +259,8 @@ def estimate_memory(model, setup: TrainSetup) -> MemoryEstimate:
     else:
         temporaries = act.backward_temporaries_bytes(model, b, tokens, r)
         in_backward = stored + temporaries
-        last_layer = act.one_layer_bytes(model, b, seqs, s.seq_len, s.attention, r) + temporaries
+        one_layer = act.one_layer_bytes(model, b, seqs, s.seq_len, s.attention, r, s.padded)
+        last_layer = one_layer + temporaries
         casts_in_backward = casts
     if s.without_deepspeed:
         backward = st.plain_backward_buffers(model, s, w)
@@ -289,7 +294,7 @@ def estimate_memory(model, setup: TrainSetup) -> MemoryEstimate:
         phases["backward"] = max(moments, key=lambda parts: sum(parts.values()))
     phases["step"] = _merge(resident, step)
     if s.uses_reference:
-        one_layer = act.one_layer_bytes(model, b, seqs, s.seq_len, s.attention, r)
+        one_layer = act.one_layer_bytes(model, b, seqs, s.seq_len, s.attention, r, s.padded)
         reference = {
             **resident,
             **live,

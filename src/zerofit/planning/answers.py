@@ -39,6 +39,9 @@ class Answers:
     completion_len: int = 256  # grpo: generated tokens per completion (part of seq_len)
     reference_model: bool | None = None  # None: dpo yes, grpo no (beta = 0), sft no
     attention: str = "sdpa"
+    # micro batches padded to their longest sequence (an attention mask with zeros); None: what
+    # the collators do (planner.pads_batches); False: packed, padding-free or equal-length rows
+    padding: bool | None = None
     # --- the training stack (memory/optimizers.py, memory/losses.py derive what each implies)
     stack: str = "hf"  # hf (Trainer/TRL/LLaMA-Factory) | accelerate | deepspeed
     optimizer: str | None = None  # None: what the stack runs (hf: adamw_torch_fused)

@@ -134,6 +134,26 @@ def pick_global_batch(answers: Answers) -> tuple[int, str]:
     )
 
 
+def pads_batches(answers: Answers, micro: int) -> bool:
+    """Whether a forward's sequences are padded to a common length, i.e. carry an attention mask
+    with zeros (what it costs: memory/activations.py ``padded_attention_bytes``).
+
+    The user's ``padding`` when given. Otherwise what the collators do at the pinned versions:
+    - sft: the HF Trainer's and TRL's collators pad each micro batch to its longest sequence
+      (trl/trainer/sft_trainer.py ``DataCollatorForLanguageModeling.torch_call``, unless
+      ``padding_free``); one sequence per forward has nothing to pad, and transformers skips an
+      all-ones mask;
+    - dpo: chosen and rejected are padded into one batch
+      (trl/trainer/dpo_trainer.py ``DataCollatorForPreference.torch_call``), two or more rows;
+    - grpo: prompts are left-padded and completions end in padding after their EOS
+      (trl/trainer/grpo_trainer.py: ``attention_mask = torch.cat([prompt_mask,
+      completion_mask], dim=1)``), whatever the micro batch.
+    """
+    if answers.padding is not None:
+        return answers.padding
+    return answers.workload in ("dpo", "grpo") or micro > 1
+
+
 def make_setup(
     answers: Answers,
     precision: str,
@@ -180,6 +200,7 @@ def make_setup(
         vllm_gpu_memory_utilization=answers.vllm_gpu_memory_utilization,
         steps_per_generation=answers.steps_per_generation,
         interconnect=lookup(answers.gpu).interconnect,
+        padded=pads_batches(answers, micro),
         weights_dtype=answers.weights_dtype,
         pin_optimizer_offload=answers.pin_memory is not False,
         pin_param_offload=answers.pin_memory is not False,

@@ -172,6 +172,12 @@ def build_estimate(answers, files: dict | None = None) -> dict:
     if setup.pins_offload:  # what the same offload needs with pin_memory false (memory/pinned.py)
         unpinned_cpu_gib = round(estimate_memory(model, setup.with_pinning(False)).cpu_gib, 3)
     outside = {k: round(v / GIB, 3) for k, v in est.outside_bytes(gpu.memory_gib).items()}
+    # what padding the micro batch costs at the peak (memory/activations.py:
+    # padded_attention_bytes): the same setup with equal-length rows, for the note and --json
+    padding_gib = 0.0
+    if setup.padded:
+        unpadded = estimate_memory(model, dataclasses.replace(setup, padded=False))
+        padding_gib = round(est.peak_gib - unpadded.peak_gib, 3)
     return {
         "model": model.name,
         # where the decoder layer's bytes come from (activations.activations_basis): a formula
@@ -190,6 +196,10 @@ def build_estimate(answers, files: dict | None = None) -> dict:
         "seq_len": answers.seq_len,
         "gradient_checkpointing": bool(answers.gradient_checkpointing),
         "workload": answers.workload,
+        # micro batches padded to their longest sequence (planner.pads_batches), and what that
+        # adds to the peak
+        "padded": setup.padded,
+        "padding_gib": padding_gib,
         "peak_gib": round(est.peak_gib, 3),
         "fits": gpu_ok and host_ok,
         "budget_gib": round(gpu.memory_gib * answers.headroom, 2),
@@ -326,6 +336,12 @@ def run(args) -> int:
         note = tight_fit_note(result["spare_gib"])
         if note:
             console.print(note)
+    if result["padding_gib"] >= 0.05:
+        console.print(
+            f"note: padded micro batches add {result['padding_gib']:.2f} GiB (sdpa keeps a mask "
+            "copy and K/V repeated to every head in each layer); pass --no-padding if your "
+            "batches are packed, padding-free or of equal length"
+        )
     if result["activations_basis"] == "llama_shaped":
         console.print(
             f"note: activations use a Llama-style decoder layer; {result['model']}'s own layer "
