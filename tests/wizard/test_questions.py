@@ -48,6 +48,7 @@ def test_order_follows_the_issue():
         "global_batch",
         "precision",
         "stack",
+        "padding",
         "weights_dtype",
     ]
 
@@ -70,6 +71,18 @@ def test_weights_dtype_is_asked_only_when_it_changes_the_plan():
     assert q.when(tight) is True
     assert q.when({**tight, "precision": "fp16"}) is False  # bf16 weights need bf16 compute
     assert q.convert("fp32") is None and q.convert("bf16") == "bf16"
+
+
+def test_padding_is_asked_only_when_it_changes_the_plan():
+    q = qmap()["padding"]
+    assert q.when(answers()) is False  # 0.5B on one H100: the same plan padded or packed
+    # 0.5B on one A100 40GB at 2048 tokens: the micro batch the planner can afford differs
+    # once every sdpa layer keeps a mask copy and K/V repeated to all heads
+    tight = answers(gpu="A100-40GB", seq_len=2048)
+    assert q.when(tight) is True
+    assert q.convert("packed") is False and q.convert("padded") is None
+    assert default_for(qmap(Answers(padding=False))["padding"], tight) == "packed"
+    assert qmap(Answers(padding=True))["padding"].convert("padded") is True
 
 
 @pytest.mark.parametrize("name", ["main_process_ip", "main_process_port", "launcher"])

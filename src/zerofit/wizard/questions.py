@@ -301,6 +301,31 @@ def weights_dtype_matters(answers: dict) -> bool:
     return _changes_plan(answers, "weights_dtype", WEIGHTS_DTYPES)
 
 
+_PADDING_TITLES = {
+    "padded": "padded - each micro batch padded to its longest sequence (the usual collators)",
+    "packed": "packed - packing, padding_free or equal-length rows (no padding)",
+}
+
+
+def padding_matters(answers: dict) -> bool:
+    """Ask whether the batches are packed only when it changes the plan: a padded batch costs
+    every sdpa layer a mask copy and K/V repeated to all heads (memory/activations.py)."""
+    return _changes_plan(answers, "padding", (None, False))
+
+
+def _padding_default(base: Answers) -> str:
+    return "packed" if base.padding is False else "padded"
+
+
+def _padding_convert(base: Answers) -> Callable[[str], bool | None]:
+    """ "padded" keeps what the flags said (None: the collators' rule); "packed" is False."""
+
+    def convert(value: str) -> bool | None:
+        return False if value == "packed" else (base.padding or None)
+
+    return convert
+
+
 _LAUNCHER_TITLES = {
     "accelerate": "accelerate launch --machine_rank R (one command per node)",
     "torchrun": "torchrun --nnodes/--node_rank (plain torchrun, c10d rendezvous)",
@@ -457,6 +482,15 @@ def build_questions(
             base.stack,
             when=stack_matters,
             choices=tuple((n, _STACK_TITLES[n]) for n in STACKS),
+        ),
+        Question(
+            "padding",
+            "select",
+            "Are the training batches padded or packed (it changes the plan here)",
+            _padding_default(base),
+            when=padding_matters,
+            choices=tuple((n, _PADDING_TITLES[n]) for n in _PADDING_TITLES),
+            convert=_padding_convert(base),
         ),
         Question(
             "weights_dtype",
