@@ -251,8 +251,11 @@ def estimate_memory(model, setup: TrainSetup) -> MemoryEstimate:
     if s.gradient_checkpointing:
         recompute = act.recompute_bytes(model, b, tokens, seqs, s.seq_len, s.attention, r, s.padded)
         in_backward = stored + recompute
-        # the first layer's backward: its recomputed layer and its own saved input
+        # the first layer's backward: its recomputed layer and its own saved input (and the
+        # padded batch's boolean mask, which that layer's recompute closure still holds)
         last_layer = recompute + r * model.hidden_size * tokens
+        if s.padded:
+            last_layer += act.padding_mask_bytes(seqs, s.seq_len, s.attention)
         # lm_head is outside the checkpointed layers: its weight's cast stays saved
         lm_head = model.vocab_size * model.hidden_size
         casts_in_backward = (lm_head + st.layer_params(model)) * b if casts else 0
