@@ -91,6 +91,56 @@ def test_dpo_concatenated_forward_stores_both_halves():
     assert by_kind["ACT"] == pytest.approx(predicted, rel=0.03)
 
 
+def test_dpo_pairs_collated_by_trl_are_padded_and_keep_the_mask_terms():
+    """Chosen and rejected of unequal lengths, collated by TRL's own DataCollatorForPreference,
+    give the model a mask with zeros: every layer then keeps the mask copy and the repeated K/V
+    (activations.padded_attention_bytes), which is why the planner takes DPO as padded. Counted
+    with saved-tensor hooks: each storage autograd keeps for backward, weights excluded."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("trl")
+    from torch.autograd.graph import saved_tensors_hooks
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from trl.trainer.dpo_trainer import DataCollatorForPreference
+
+    from zerofit.planning.answers import Answers
+    from zerofit.planning.planner import pads_batches
+
+    torch.manual_seed(0)
+    spec = _spec(h=128, v=8000)
+    cfg = Qwen2Config(
+        **{**TINY_DECODER, "vocab_size": 8000},
+        tie_word_embeddings=False,
+        attn_implementation="sdpa",
+        use_cache=False,
+    )
+    model = Qwen2ForCausalLM(cfg).to(torch.bfloat16).train()
+    examples = [
+        {"prompt_ids": list(range(1, 65)), "chosen_ids": [5] * 192, "rejected_ids": [6] * 100},
+        {"prompt_ids": list(range(1, 33)), "chosen_ids": [7] * 150, "rejected_ids": [8] * 224},
+    ]
+    batch = DataCollatorForPreference(pad_token_id=0)(examples)
+    rows, seq = batch["input_ids"].shape
+    assert (rows, seq) == (4, 256) and not bool(batch["attention_mask"].all())
+    weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    saved: dict[int, int] = {}
+
+    def pack(tensor):
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() not in weights:
+            saved[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    with saved_tensors_hooks(pack, lambda tensor: tensor):
+        model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
+    measured = sum(saved.values())
+    assert pads_batches(Answers(workload="dpo"), micro=2)
+    predicted = act.stored_activation_bytes(spec, 2, rows * seq, rows, seq, "sdpa", False, 2, True)
+    unpadded = act.stored_activation_bytes(spec, 2, rows * seq, rows, seq, "sdpa", False)
+    print(f"dpo padded: measured {measured:,} predicted {predicted:,} (unpadded {unpadded:,})")
+    assert measured == pytest.approx(predicted, rel=0.03)
+    assert unpadded < measured * 0.97
+
+
 def test_estimate_counts_dpo_as_twice_the_sequences():
     from zerofit.memory.estimate import TrainSetup, estimate_memory
 
