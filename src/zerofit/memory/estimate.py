@@ -454,7 +454,8 @@ def _rollout(model, s: TrainSetup, b: int) -> dict[str, int]:
     batch = s.micro_batch * (s.steps_per_generation or s.grad_accum)
     kv = batch * s.seq_len * model.num_layers * 2 * model.num_kv_heads * model.head_dim * b
     prompt = max(1, s.seq_len - s.completion_len)
-    prefill = act.one_layer_bytes(model, b, batch, prompt, s.attention)
+    # left-padded prompts of a padded batch: the prefill's layer repeats K/V and copies the mask
+    prefill = act.one_layer_bytes(model, b, batch, prompt, s.attention, padded=s.padded)
     sampling = batch * model.vocab_size * (b + 2 * act.FP32)
     out = {"kv_cache": kv, "rollout": prefill + sampling}
     if s.stage == 3 and s.world_size > 1:
