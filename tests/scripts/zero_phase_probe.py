@@ -192,6 +192,13 @@ class StorageTracker(TorchDispatchMode):
         torch.UntypedStorage.resize_ = self._orig_resize
         return super().__exit__(*exc)
 
+    def track_existing(self, tensors) -> None:
+        """Count storages that exist before the mode is entered (a model's weights) from now on,
+        so that an in-place update inside the mode (an optimizer step) does not count them as
+        new."""
+        for tensor in tensors:
+            self._track(tensor, "existing")
+
     # --- phases
     def start_phase(self) -> int:
         """Collect garbage, reset the peak to what is alive now and return that."""
