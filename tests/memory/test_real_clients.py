@@ -119,3 +119,83 @@ def test_hf_trainer_on_padded_batches_matches_the_estimate(weights, checkpointin
     assert padded and est.optimizer == "adamw_torch_fused"
     assert est.peak_bytes == pytest.approx(measured, rel=0.03)
     assert unpadded.peak_bytes < est.peak_bytes
+
+
+def test_trl_dpo_trainer_step_matches_the_estimate(tmp_path):
+    """``DPOTrainer.train()`` of TRL 1.16 for two steps with its own defaults: the model and its
+    reference loaded from a directory in fp32 (``create_model_from_path``), bf16 autocast,
+    gradient checkpointing on (``DPOConfig``), pairs padded by ``DataCollatorForPreference``,
+    the fused LM head (``loss_kernel trl_fused``). The estimate is within 3 % of the measured
+    peak. What is left is the CPU fallback of TRL's Triton kernel: three fp32 ``[N, V]`` tiles of
+    torch ops that the kernel keeps in registers on a GPU."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("trl")
+    from datasets import Dataset
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from trl import DPOConfig, DPOTrainer
+
+    from conftest import write_tiny_model_dir
+    from zerofit.models.resolve import spec_from_config
+    from zerofit.planning.answers import Answers
+    from zerofit.planning.planner import pads_batches
+
+    seq, micro = 256, 2
+    model_dir = write_tiny_model_dir(tmp_path / "model", vocab_size=SHAPE["vocab_size"])
+    torch.manual_seed(0)
+    config = AutoConfig.for_model("qwen2", attn_implementation="sdpa", use_cache=False, **SHAPE)
+    AutoModelForCausalLM.from_config(config).save_pretrained(model_dir)
+
+    def words(n: int, start: int) -> str:
+        return " ".join(str((start + i) % 400) for i in range(n))
+
+    rows = []
+    for k in range(4 * micro):
+        prompt = 64 if k % 2 == 0 else 40
+        chosen = seq - prompt if k % 4 == 0 else 120  # one full-length row per batch
+        rows.append(
+            {
+                "prompt": words(prompt, k),
+                "chosen": " " + words(chosen, k + 1),
+                "rejected": " " + words(90 + k, k + 2),
+            }
+        )
+    args = DPOConfig(
+        output_dir=str(tmp_path / "out"),
+        per_device_train_batch_size=micro,
+        max_steps=2,
+        max_length=seq,
+        use_cpu=True,
+        report_to=[],
+        save_strategy="no",
+        logging_strategy="no",
+        disable_tqdm=True,
+    )
+    trainer = DPOTrainer(
+        model=str(model_dir),
+        args=args,
+        train_dataset=Dataset.from_list(rows),
+        processing_class=AutoTokenizer.from_pretrained(model_dir),
+    )
+    assert args.gradient_checkpointing and args.bf16 and trainer.ref_model is not None
+    tracker = _storage_tracker()
+    tracker.track_existing(trainer.model.parameters())
+    tracker.track_existing(trainer.ref_model.parameters())
+    with tracker:
+        trainer.train()
+    measured = tracker.peak
+
+    setup = TrainSetup(
+        stage=0,
+        stack="hf",
+        workload="dpo",
+        weights_dtype="fp32",
+        micro_batch=micro,
+        seq_len=seq,
+        gradient_checkpointing=True,
+        loss_kernel="trl_fused",
+        padded=pads_batches(Answers(workload="dpo"), micro),
+    )
+    spec = spec_from_config({**SHAPE, "model_type": "qwen2"}, "probe")
+    est = estimate_memory(spec, setup)
+    print(f"DPOTrainer: measured {measured:,} predicted {est.peak_bytes:,} ({est.phase})")
+    assert est.peak_bytes == pytest.approx(measured, rel=0.03)

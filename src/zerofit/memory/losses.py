@@ -13,9 +13,10 @@ Four paths, each derived from the code that runs at the pinned versions (or, for
   computed in the forward (``zeros_like`` of each, so in the compute dtype).
 - ``trl_fused``: TRL 1.16's fused LM head, which ``DPOTrainer`` and ``GRPOTrainer`` install on the
   policy and the reference (``trl/trainer/utils.py:add_fused_lm_head``) and which runs
-  ``trl/kernels/chunked_logprob.py:ChunkedLogProbFunction``: ``[4096, 32768]`` tiles in the
-  compute dtype, per-token fp32 statistics, and in backward fp32 accumulators for the gradients
-  of the scored hidden states and of the whole LM-head weight, cast to the model dtype on return.
+  ``trl/kernels/chunked_logprob.py:ChunkedLogProbFunction``: one ``[4096, 32768]`` buffer in the
+  compute dtype (``trl_tile_bytes``), per-token fp32 statistics, and in backward fp32
+  accumulators for the gradients of the scored hidden states and of the whole LM-head weight,
+  cast to the model dtype on return.
 
 - ``trl_logps``: TRL's per-token log-probs before its fused head, what ``GRPOTrainer`` ran
   from 0.14 to 1.15 (``_get_per_token_logps``: ``model(..., logits_to_keep=C + 1).logits``, then
@@ -103,6 +104,13 @@ def liger_chunk_rows(tokens: int, model) -> int:
     return min(rows, tokens)
 
 
+def trl_tile_bytes(a: int, tokens: int) -> int:
+    """TRL's fused head's matmul buffer: ``mm_buf = torch.empty((min(N, TOKEN_CHUNK_SIZE),
+    chunk_size))`` in the compute dtype (``ChunkedLogProbFunction.forward`` and ``backward``), as
+    wide as the vocabulary chunk whatever the vocabulary (a 32,000-token one gets 32,768)."""
+    return min(tokens, TRL_TOKEN_CHUNK) * TRL_VOCAB_CHUNK * a
+
+
 def train_loss_bytes(path: str, model, a: int, tokens: int) -> int:
     """Most bytes the loss path holds for ``tokens`` scored tokens, beyond stored activations."""
     h, v = model.hidden_size, model.vocab_size
@@ -111,7 +119,7 @@ def train_loss_bytes(path: str, model, a: int, tokens: int) -> int:
         # grad_input + grad_weight (zeros_like, compute dtype) + one logits tile + fp32 loss_1d
         return tokens * h * a + v * h * a + chunk * v * a + FP32 * tokens
     if path == "trl_fused":
-        tile = min(tokens, TRL_TOKEN_CHUNK) * min(v, TRL_VOCAB_CHUNK) * a
+        tile = trl_tile_bytes(a, tokens)
         saved_hidden = tokens * h * a  # hidden_states[mask]: a gathered copy
         grads = tokens * h * (FP32 + a) + v * h * (FP32 + a)  # fp32 accumulators + their casts
         return saved_hidden + grads + tile + TRL_FP32_PER_TOKEN * FP32 * tokens
@@ -129,7 +137,7 @@ def reference_loss_bytes(path: str, model, a: int, tokens: int) -> int:
     (LLaMA-Factory ``concatenated_forward`` under ``torch.no_grad()``).
     """
     if path == "trl_fused":
-        tile = min(tokens, TRL_TOKEN_CHUNK) * min(model.vocab_size, TRL_VOCAB_CHUNK) * a
+        tile = trl_tile_bytes(a, tokens)
         return tokens * model.hidden_size * a + tile + TRL_FP32_PER_TOKEN * FP32 * tokens
     if path == "trl_logps":
         # under no_grad: the logits and their temperature-scaled copy; one row's log_softmax
