@@ -58,24 +58,30 @@ def test_hf_causal_lm_loss_path_matches_transformers():
     assert measured == pytest.approx(predicted, rel=0.03)
 
 
+def _bf16_qwen2(vocab: int):
+    """The tiny decoder (memory_shapes.TINY_DECODER) as a bf16 Qwen2 in training mode, untied."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    cfg = Qwen2Config(
+        **{**TINY_DECODER, "vocab_size": vocab},
+        tie_word_embeddings=False,
+        attn_implementation="sdpa",
+        use_cache=False,
+    )
+    return Qwen2ForCausalLM(cfg).to(torch.bfloat16).train()
+
+
 def test_dpo_concatenated_forward_stores_both_halves():
     """TRL DPO runs chosen + rejected as one batch (DataCollatorForPreference pads and concatenates)
     through the model TRL patched with its fused LM head: the activations autograd keeps are
     those of 2 x micro sequences."""
     torch = pytest.importorskip("torch")
     pytest.importorskip("trl")
-    from transformers import Qwen2Config, Qwen2ForCausalLM
     from trl.trainer.utils import add_fused_lm_head
 
-    torch.manual_seed(0)
-    spec = _spec(h=128, v=8000)
-    cfg = Qwen2Config(
-        **{**TINY_DECODER, "vocab_size": 8000},
-        tie_word_embeddings=False,
-        attn_implementation="sdpa",
-        use_cache=False,
-    )
-    model = Qwen2ForCausalLM(cfg).to(torch.bfloat16).train()
+    spec, model = _spec(h=128, v=8000), _bf16_qwen2(vocab=8000)
     add_fused_lm_head(model, outputs=("log_probs", "entropy", "mean_logits", "is_top1"))
     micro, seq = 2, 256
     chosen, rejected = torch.randint(0, 8000, (micro, seq)), torch.randint(0, 8000, (micro, seq))
@@ -96,24 +102,15 @@ def test_dpo_pairs_collated_by_trl_are_padded_and_keep_the_mask_terms():
     give the model a mask with zeros: every layer then keeps the mask copy and the repeated K/V
     (activations.padded_attention_bytes), which is why the planner takes DPO as padded. Counted
     with saved-tensor hooks: each storage autograd keeps for backward, weights excluded."""
-    torch = pytest.importorskip("torch")
+    pytest.importorskip("torch")
     pytest.importorskip("trl")
     from torch.autograd.graph import saved_tensors_hooks
-    from transformers import Qwen2Config, Qwen2ForCausalLM
     from trl.trainer.dpo_trainer import DataCollatorForPreference
 
     from zerofit.planning.answers import Answers
     from zerofit.planning.planner import pads_batches
 
-    torch.manual_seed(0)
-    spec = _spec(h=128, v=8000)
-    cfg = Qwen2Config(
-        **{**TINY_DECODER, "vocab_size": 8000},
-        tie_word_embeddings=False,
-        attn_implementation="sdpa",
-        use_cache=False,
-    )
-    model = Qwen2ForCausalLM(cfg).to(torch.bfloat16).train()
+    spec, model = _spec(h=128, v=8000), _bf16_qwen2(vocab=8000)
     examples = [
         {"prompt_ids": list(range(1, 65)), "chosen_ids": [5] * 192, "rejected_ids": [6] * 100},
         {"prompt_ids": list(range(1, 33)), "chosen_ids": [7] * 150, "rejected_ids": [8] * 224},

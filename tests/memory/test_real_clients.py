@@ -43,6 +43,20 @@ def _storage_tracker():
     return module.StorageTracker()
 
 
+def _two_quiet_cpu_steps(output_dir: Path, micro: int) -> dict:
+    """Training arguments for two steps on the CPU that write, log and report nothing."""
+    return dict(
+        output_dir=str(output_dir),
+        per_device_train_batch_size=micro,
+        max_steps=2,
+        use_cpu=True,
+        report_to=[],
+        save_strategy="no",
+        logging_strategy="no",
+        disable_tqdm=True,
+    )
+
+
 def _pad(rows: list[dict]) -> dict:
     """What DataCollatorForSeq2Seq does: right-pad to the longest row, labels with -100."""
     import torch
@@ -80,15 +94,8 @@ def test_hf_trainer_on_padded_batches_matches_the_estimate(weights, checkpointin
         model = model.to(torch.bfloat16)
     examples = [{"input_ids": torch.randint(1, 500, (n,)).tolist()} for n in LENGTHS]
     args = TrainingArguments(
-        output_dir=str(tmp_path),
-        per_device_train_batch_size=MICRO,
-        max_steps=2,
+        **_two_quiet_cpu_steps(tmp_path, MICRO),
         bf16=True,
-        use_cpu=True,
-        report_to=[],
-        save_strategy="no",
-        logging_strategy="no",
-        disable_tqdm=True,
         gradient_checkpointing=checkpointing,
         gradient_checkpointing_kwargs={"use_reentrant": False},
     )
@@ -159,17 +166,8 @@ def test_trl_dpo_trainer_step_matches_the_estimate(tmp_path):
                 "rejected": " " + words(90 + k, k + 2),
             }
         )
-    args = DPOConfig(
-        output_dir=str(tmp_path / "out"),
-        per_device_train_batch_size=micro,
-        max_steps=2,
-        max_length=seq,
-        use_cpu=True,
-        report_to=[],
-        save_strategy="no",
-        logging_strategy="no",
-        disable_tqdm=True,
-    )
+    # TRL's own defaults otherwise: bf16, gradient checkpointing, the fused LM head
+    args = DPOConfig(**_two_quiet_cpu_steps(tmp_path / "out", micro), max_length=seq)
     trainer = DPOTrainer(
         model=str(model_dir),
         args=args,
