@@ -134,7 +134,9 @@ def test_trl_dpo_trainer_step_matches_the_estimate(tmp_path):
     gradient checkpointing on (``DPOConfig``), pairs padded by ``DataCollatorForPreference``,
     the fused LM head (``loss_kernel trl_fused``). The estimate is within 3 % of the measured
     peak. What is left is the CPU fallback of TRL's Triton kernel: three fp32 ``[N, V]`` tiles of
-    torch ops that the kernel keeps in registers on a GPU."""
+    torch ops that the kernel keeps in registers on a GPU. Without Triton the head also scores
+    every position (trl/trainer/utils.py ``add_fused_lm_head``: ``compact`` only on Triton
+    devices), as the estimate counts DPO's tokens; on a GPU it scores the completions only."""
     torch = pytest.importorskip("torch")
     pytest.importorskip("trl")
     from datasets import Dataset
