@@ -417,3 +417,15 @@ def test_padding_is_reported_and_can_be_turned_off(capsys):
     text_args = [arg for arg in FULL if arg not in ("--no-padding", "--json")]
     assert main(text_args) == 0
     assert "--no-padding" in capsys.readouterr().out
+
+
+def test_plan_says_when_it_estimated_padded_batches(capsys):
+    """DPO pairs are padded by the collators: plan --json says so and the text names the flag;
+    a user who says --no-padding gets neither."""
+    base = ["plan", "--model", "qwen2.5-0.5b", "--gpu", "A100-80GB", "--workload", "dpo"]
+    assert _json(capsys, base + ["--json"])["padded"] is True
+    assert _json(capsys, base + ["--no-padding", "--json"])["padded"] is False
+    assert main(base) == 0
+    assert "--no-padding" in capsys.readouterr().out
+    assert main(base + ["--no-padding"]) == 0
+    assert "--no-padding" not in capsys.readouterr().out

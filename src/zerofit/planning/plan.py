@@ -60,6 +60,7 @@ class Plan:
     optimizer: str = ""  # the optimizer implementation the estimate assumed
     loss_path: str = ""  # hf | liger | trl_fused
     pin_memory: bool = True  # offload blocks' pin_memory (page-locked host buffers)
+    padded: bool = False  # micro batches estimated as padded (planner.pads_batches)
 
 
 def plan(answers: Answers, model: Any = None) -> Plan:
@@ -77,6 +78,7 @@ def plan(answers: Answers, model: Any = None) -> Plan:
         micro_choices,
         option_grid,
         pick_global_batch,
+        pads_batches,
         pick_precision,
     )
     from zerofit.planning.reasons import decide, suggest
@@ -182,4 +184,5 @@ def plan(answers: Answers, model: Any = None) -> Plan:
         optimizer=est.optimizer,
         loss_path=est.loss_path,
         pin_memory=chosen.pin_memory,
+        padded=pads_batches(answers, chosen.micro_batch),
     )

@@ -52,6 +52,7 @@ def build_plan_dict(p) -> dict:
         "stack": p.answers.stack,
         "optimizer": p.optimizer,
         "loss_path": p.loss_path,
+        "padded": p.padded,
     }
 
 
@@ -137,4 +138,10 @@ def run(args) -> int:
         note = tight_fit_note(p.spare_gib)
         if note:
             console.print(note)
+    if p.padded and p.answers.padding is None and p.answers.attention == "sdpa":
+        console.print(
+            "note: micro batches are estimated padded, as the collators pad them (sdpa then keeps "
+            "a mask copy and K/V repeated to every head in each layer); pass --no-padding if "
+            "yours are packed or padding-free"
+        )
     return 0
