@@ -224,6 +224,21 @@ def padded_attention_bytes(
     return micro_batch * (seq_len * repeated + mask)
 
 
+def padding_note(added_gib: float | None = None) -> str:
+    """The note ``estimate`` and ``plan`` print for padded micro batches: what padding adds to
+    the peak where it is known, and the flag for batches that are not padded."""
+    what = (
+        f"add {added_gib:.2f} GiB"
+        if added_gib is not None
+        else "are assumed, as the collators pad them"
+    )
+    return (
+        f"note: padded micro batches {what} (sdpa keeps a mask copy and K/V repeated to every "
+        "head in each layer); pass --no-padding if your batches are packed, padding-free or of "
+        "equal length"
+    )
+
+
 def padding_mask_bytes(micro_batch: int, seq_len: int, attention: str) -> int:
     """transformers' boolean ``[batch, 1, q, kv]`` sdpa mask of a padded batch (1 byte an entry;
     flash attention takes the 2-D mask and builds none). Under checkpointing each layer's

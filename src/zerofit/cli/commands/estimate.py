@@ -337,11 +337,9 @@ def run(args) -> int:
         if note:
             console.print(note)
     if result["padding_gib"] >= 0.05:
-        console.print(
-            f"note: padded micro batches add {result['padding_gib']:.2f} GiB (sdpa keeps a mask "
-            "copy and K/V repeated to every head in each layer); pass --no-padding if your "
-            "batches are packed, padding-free or of equal length"
-        )
+        from zerofit.memory.activations import padding_note
+
+        console.print(padding_note(result["padding_gib"]))
     if result["activations_basis"] == "llama_shaped":
         console.print(
             f"note: activations use a Llama-style decoder layer; {result['model']}'s own layer "

@@ -139,9 +139,7 @@ def run(args) -> int:
         if note:
             console.print(note)
     if p.padded and p.answers.padding is None and p.answers.attention == "sdpa":
-        console.print(
-            "note: micro batches are estimated padded, as the collators pad them (sdpa then keeps "
-            "a mask copy and K/V repeated to every head in each layer); pass --no-padding if "
-            "yours are packed or padding-free"
-        )
+        from zerofit.memory.activations import padding_note
+
+        console.print(padding_note())
     return 0
