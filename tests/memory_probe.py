@@ -23,3 +23,22 @@ def tracked_peak(fn, *external) -> tuple[int, int, dict]:
     peak = tracker.get_tracker_snapshot("peak")[dev]
     now = tracker.get_tracker_snapshot("current")[dev]
     return peak["Total"], now["Total"], {str(k).split(".")[-1]: v for k, v in peak.items()}
+
+
+def saved_tensor_bytes(model, run) -> int:
+    """Bytes of the distinct storages autograd saves for backward while ``run()`` executes,
+    ``model``'s weights excluded (each storage once, however many views of it are saved)."""
+    from torch.autograd.graph import saved_tensors_hooks
+
+    weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    saved: dict[int, int] = {}
+
+    def pack(tensor):
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() not in weights:
+            saved[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    with saved_tensors_hooks(pack, lambda tensor: tensor):
+        run()
+    return sum(saved.values())

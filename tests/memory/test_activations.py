@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 
+from memory_probe import saved_tensor_bytes
 from memory_shapes import TINY_DECODER, ModelSpec
 from zerofit.memory import activations as act
 
@@ -36,7 +37,6 @@ def _saved_bytes(
     **shape,
 ) -> int:
     torch = pytest.importorskip("torch")
-    from torch.autograd.graph import saved_tensors_hooks
     from transformers import AutoConfig, AutoModelForCausalLM
 
     torch.manual_seed(0)
@@ -49,25 +49,19 @@ def _saved_bytes(
         model = model.to(torch.bfloat16)
     if checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    saved: dict[int, int] = {}
-
-    def pack(t):
-        storage = t.untyped_storage()
-        if storage.data_ptr() not in weights:  # count each saved storage once, weights excluded
-            saved[storage.data_ptr()] = storage.nbytes()
-        return t
-
     # fp32 weights train under autocast, as accelerate and the HF Trainer run them without
     # DeepSpeed (Accelerator.autocast); bf16 weights need none
     autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast_fp32_weights)
     inputs = {"input_ids": torch.randint(0, 2000, (batch, seq))}
     if padded:
         inputs["attention_mask"] = _padded_mask(torch, batch, seq)
-    with saved_tensors_hooks(pack, lambda t: t), autocast:
-        hidden = model.model(**inputs).last_hidden_state
-        model.lm_head(hidden)
-    return sum(saved.values())
+
+    def forward():
+        with autocast:
+            hidden = model.model(**inputs).last_hidden_state
+            model.lm_head(hidden)
+
+    return saved_tensor_bytes(model, forward)
 
 
 def _padded_mask(torch, batch: int, seq: int):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from memory_probe import tracked_peak
+from memory_probe import saved_tensor_bytes, tracked_peak
 from memory_shapes import TINY_DECODER, ModelSpec, QWEN25_7B
 from zerofit.memory import activations as act
 from zerofit.memory import losses
@@ -104,7 +104,6 @@ def test_dpo_pairs_collated_by_trl_are_padded_and_keep_the_mask_terms():
     with saved-tensor hooks: each storage autograd keeps for backward, weights excluded."""
     pytest.importorskip("torch")
     pytest.importorskip("trl")
-    from torch.autograd.graph import saved_tensors_hooks
     from trl.trainer.dpo_trainer import DataCollatorForPreference
 
     from zerofit.planning.answers import Answers
@@ -118,18 +117,9 @@ def test_dpo_pairs_collated_by_trl_are_padded_and_keep_the_mask_terms():
     batch = DataCollatorForPreference(pad_token_id=0)(examples)
     rows, seq = batch["input_ids"].shape
     assert (rows, seq) == (4, 256) and not bool(batch["attention_mask"].all())
-    weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    saved: dict[int, int] = {}
-
-    def pack(tensor):
-        storage = tensor.untyped_storage()
-        if storage.data_ptr() not in weights:
-            saved[storage.data_ptr()] = storage.nbytes()
-        return tensor
-
-    with saved_tensors_hooks(pack, lambda tensor: tensor):
-        model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
-    measured = sum(saved.values())
+    measured = saved_tensor_bytes(
+        model, lambda: model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
+    )
     assert pads_batches(Answers(workload="dpo"), micro=2)
     predicted = act.stored_activation_bytes(spec, 2, rows * seq, rows, seq, "sdpa", False, 2, True)
     unpadded = act.stored_activation_bytes(spec, 2, rows * seq, rows, seq, "sdpa", False)
