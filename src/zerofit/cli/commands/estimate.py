@@ -309,11 +309,14 @@ def run(args) -> int:
     stage = f"ZeRO-{result['stage']}"
     if result["weights_dtype"]:
         stage += f" (no DeepSpeed, {result['weights_dtype']} weights)"
-    table = Table(
-        title=f"{result['model']} on {result['world_size']} x {result['gpu']}: {stage}, "
+    # the setup is a heading of its own, not the table's title: rich folds a title to the table's
+    # width, cutting a long model path mid-word
+    heading = (
+        f"{result['model']} on {result['world_size']} x {result['gpu']}: {stage}, "
         f"micro {result['micro_batch']}, seq {result['seq_len']}, peak in {result['peak_phase']} "
         f"({result['stack']} stack: {result['optimizer']}, loss {result['loss_path']})"
     )
+    table = Table()
     table.add_column("component")
     table.add_column("GiB / GPU", justify="right")
     for name, gib in result["breakdown"].items():
@@ -328,6 +331,7 @@ def run(args) -> int:
     table.add_row("+ safety margin", f"{result['safety_margin_gib']:.2f}")
     table.add_row("[bold]the GPU must hold[/bold]", f"[bold]{result['gpu_need_gib']:.2f}[/bold]")
     console = Console()
+    console.print(heading, highlight=False)
     console.print(table)
     console.print(verdict_line(result))
     if result["fits_gpu"]:
