@@ -13,7 +13,9 @@ This script runs `zerofit estimate` on each one and prints:
 - the confusion matrix: real outcome (oom / ran) x predicted (does NOT fit / fits);
 - every miss by id (a real OOM predicted to fit, or a run that worked predicted not to fit);
 - the error on the measured numbers;
-- reports that cannot be estimated yet (a GPU or model missing from zerofit), with the reason.
+- reports that cannot be estimated yet (a GPU or model missing from zerofit), with the reason;
+- the held-out sets together, and what one uniform safety margin could do with the estimates
+  unchanged (``margin_sweep``): how separable the real outcomes are by the estimate at all.
 
 The verdict rule (printed at the top of the output): a report is predicted to fit when the GPU
 holds everything zerofit models (`fits_gpu`: the allocated peak + allocator fragmentation + NCCL
@@ -36,6 +38,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import sys
 import tempfile
 from pathlib import Path
@@ -126,6 +129,8 @@ def estimate_report(
         "budget_gib": result.get("budget_gib"),
         "gpu_need_gib": result["gpu_need_gib"],
         "host_ram_known": host_known,
+        # the node's stated RAM cannot hold the offload buffers: no GPU margin changes the verdict
+        "host_limited": host_known and not result["fits_host"],
         "cpu_gib": result["cpu_gib"],
         "peak_phase": result.get("peak_phase"),
         "loss_path": result["loss_path"],
@@ -226,6 +231,139 @@ def evaluate(reports: list[dict], proxies: dict[str, str] | None = None) -> dict
     }
 
 
+# The issue's target: at least 14 of every 15 real OOMs predicted not to fit, every run to fit.
+TARGET_OOM_SHARE = 14 / 15
+# margins (GiB, then as a share of the GPU's memory) the sweep prints besides its two extremes
+SWEEP_GIB = (-8.0, -4.0, -2.0, 0.0, 1.0, 2.0, 4.0, 8.0, 16.0)
+SWEEP_SHARE = (-0.1, -0.05, 0.0, 0.0125, 0.05, 0.1, 0.2)
+
+
+def margin_sweep(rows: list[dict], relative: bool = False) -> dict:
+    """What one uniform safety margin could do with every estimate left as it is.
+
+    A report is predicted to fit under margin ``m`` when the GPU has at least ``m`` to spare
+    after everything zerofit counts (``budget_gib - gpu_total_gib``; with ``relative``, that spare
+    as a share of the GPU) and its stated host RAM holds the offload buffers. Sweeping ``m``
+    shows how far the reports' outcomes are separable by the estimate at all: the largest margin
+    that keeps every run fitting, the smallest that catches the target's share of OOMs, and the
+    OOMs with more to spare than the tightest run (no margin catches those without failing it).
+    """
+    ok = [r for r in rows if r["status"] == "ok"]
+
+    def spare(row: dict) -> float:
+        left = row["budget_gib"] - row["gpu_total_gib"]
+        return left / row["budget_gib"] if relative else left
+
+    ooms = [r for r in ok if r["outcome"] == "oom"]
+    runs = [r for r in ok if r["outcome"] == "ran" and not r["host_limited"]]
+    failed_runs = sum(1 for r in ok if r["outcome"] == "ran" and r["host_limited"])
+    host_caught = sum(1 for r in ooms if r["host_limited"])
+    oom_spares = sorted(spare(r) for r in ooms if not r["host_limited"])
+
+    def counts(margin: float) -> dict:
+        return {
+            "margin": round(margin, 4),
+            "ooms_caught": host_caught + sum(1 for x in oom_spares if x < margin),
+            "runs_fitting": sum(1 for r in runs if spare(r) >= margin),
+        }
+
+    tightest = min(runs, key=spare) if runs else None
+    keep_runs = counts(spare(tightest)) if tightest else None
+    needed = math.ceil(TARGET_OOM_SHARE * len(ooms)) - host_caught
+    if needed <= 0:
+        catch = counts(min([*oom_spares, 0.0]))
+    elif needed <= len(oom_spares):
+        # just above the needed-th smallest spare among the OOMs
+        catch = counts(oom_spares[needed - 1] + (1e-4 if relative else 0.01))
+    else:
+        catch = None
+    beyond = sum(1 for x in oom_spares if tightest and x >= spare(tightest))
+    grid = SWEEP_SHARE if relative else SWEEP_GIB
+    return {
+        "relative": relative,
+        "ooms": len(ooms),
+        "runs": len(runs) + failed_runs,
+        "runs_failed_on_host_ram": failed_runs,
+        "keep_every_run": keep_runs,
+        "tightest_run": tightest["id"] if tightest else None,
+        "catch_target_share": catch,
+        "ooms_beyond_the_tightest_run": beyond,
+        "grid": [counts(m) for m in grid],
+    }
+
+
+def render_sweep(sweep: dict) -> list[str]:
+    """The margin sweep as lines of text."""
+    unit = "of the GPU" if sweep["relative"] else "GiB"
+
+    def margin(m: float) -> str:
+        return f"{100 * m:+.2f} % {unit}" if sweep["relative"] else f"{m:+.2f} {unit}"
+
+    def result(c: dict) -> str:
+        return (
+            f"OOMs caught {c['ooms_caught']}/{sweep['ooms']}, runs fitting "
+            f"{c['runs_fitting']}/{sweep['runs']}"
+        )
+
+    lines = []
+    if sweep["keep_every_run"]:
+        keep = sweep["keep_every_run"]
+        lines.append(
+            f"  largest margin keeping every run fitting: {margin(keep['margin'])} "
+            f"({sweep['tightest_run']}): {result(keep)}"
+        )
+    if sweep["catch_target_share"]:
+        catch = sweep["catch_target_share"]
+        lines.append(
+            f"  smallest margin catching {TARGET_OOM_SHARE:.1%} of OOMs: "
+            f"{margin(catch['margin'])}: {result(catch)}"
+        )
+    lines.append(
+        f"  OOMs with at least as much to spare as the tightest run: "
+        f"{sweep['ooms_beyond_the_tightest_run']}/{sweep['ooms']}"
+    )
+    if sweep["runs_failed_on_host_ram"]:
+        lines.append(
+            f"  runs predicted not to fit their stated host RAM, whatever the margin: "
+            f"{sweep['runs_failed_on_host_ram']}"
+        )
+    lines += [f"  margin {margin(c['margin'])}: {result(c)}" for c in sweep["grid"]]
+    return lines
+
+
+def together(results: dict[str, dict]) -> dict:
+    """Every held-out set's rows as one set: its confusion counts and margin sweeps."""
+    rows = [row for name, result in results.items() if name != DATA.name for row in result["rows"]]
+    ok = [r for r in rows if r["status"] == "ok"]
+    return {
+        "sets": [name for name in results if name != DATA.name],
+        "evaluated": len(ok),
+        "ooms_caught": sum(1 for r in ok if r["outcome"] == "oom" and not r["fits"]),
+        "ooms": sum(1 for r in ok if r["outcome"] == "oom"),
+        "runs_fitting": sum(1 for r in ok if r["outcome"] == "ran" and r["fits"]),
+        "runs": sum(1 for r in ok if r["outcome"] == "ran"),
+        "sweep_gib": margin_sweep(rows),
+        "sweep_share": margin_sweep(rows, relative=True),
+    }
+
+
+def render_together(summary: dict) -> str:
+    """The held-out sets as one: the verdict's counts, then what any uniform margin could do."""
+    lines = [
+        f"held-out reports: {summary['evaluated']} evaluated in {len(summary['sets'])} sets",
+        f"OOMs caught: {summary['ooms_caught']}/{summary['ooms']}; runs that worked predicted "
+        f"to fit: {summary['runs_fitting']}/{summary['runs']}",
+        "",
+        "what one uniform safety margin could do, every estimate unchanged (a report fits when "
+        "the GPU has at least the margin to spare after everything zerofit counts):",
+        " in GiB:",
+        *render_sweep(summary["sweep_gib"]),
+        " as a share of the GPU's memory:",
+        *render_sweep(summary["sweep_share"]),
+    ]
+    return "\n".join(lines)
+
+
 def _in_catalog(name: str) -> bool:
     from zerofit.errors import ZerofitError
     from zerofit.hardware import lookup
@@ -310,13 +448,18 @@ def main(argv: list[str] | None = None) -> int:
     results = {}
     for path in args.data or [DATA, *HOLDOUT]:
         results[path.name] = evaluate(load_reports(path), proxies)
+    summary = together(results) if len(results) > 1 else None
     if args.json:
-        print(json.dumps(results, indent=2))
+        extra = {"held_out_together": summary} if summary else {}
+        print(json.dumps({**results, **extra}, indent=2))
         return 0
     for name, result in results.items():
         print(f"=== {name}")
         print(render(result))
         print()
+    if summary and summary["sets"]:
+        print("=== the held-out sets together")
+        print(render_together(summary))
     return 0
 
 

@@ -166,3 +166,44 @@ def test_the_benchmark_reads_ds_configs_and_judges_host_ram_only_when_stated(tmp
     small = {**report, "answers": {**report["answers"], "host_ram_gib": 16.0}}
     row = bench.estimate_report(small, ANSWER_FIELDS, tmp_path)
     assert row["cpu_gib"] > 16 and row["fits"] is False
+
+
+def _row(outcome: str, spare: float, budget: float = 80.0, host_limited: bool = False) -> dict:
+    """A benchmark row whose GPU has ``spare`` GiB left after everything zerofit counts."""
+    return {
+        "status": "ok",
+        "outcome": outcome,
+        "id": f"{outcome}{spare:+}",
+        "budget_gib": budget,
+        "gpu_total_gib": budget - spare,
+        "host_limited": host_limited,
+    }
+
+
+def test_the_margin_sweep_finds_the_limits_of_one_uniform_margin():
+    """Runs with 5 and 2 GiB to spare, OOMs with 3, -1, -4 and one over its host RAM: keeping
+    both runs fitting allows a margin of 2 GiB, which catches the host one and the two below
+    it; catching 14/15 of the four OOMs (all four) needs a margin above 3 GiB, which fails the
+    run with 2 GiB to spare; one OOM has more to spare than that run."""
+    bench = _bench()
+    rows = [
+        _row("ran", 5.0),
+        _row("ran", 2.0),
+        _row("oom", 3.0),
+        _row("oom", -1.0),
+        _row("oom", -4.0),
+        _row("oom", 10.0, host_limited=True),
+        {"status": "error", "outcome": "oom", "id": "not evaluable"},
+    ]
+    sweep = bench.margin_sweep(rows)
+    assert sweep["ooms"] == 4 and sweep["runs"] == 2
+    assert sweep["tightest_run"] == "ran+2.0"
+    assert sweep["keep_every_run"] == {"margin": 2.0, "ooms_caught": 3, "runs_fitting": 2}
+    assert sweep["catch_target_share"] == {"margin": 3.01, "ooms_caught": 4, "runs_fitting": 1}
+    assert sweep["ooms_beyond_the_tightest_run"] == 1
+    at_zero = next(c for c in sweep["grid"] if c["margin"] == 0.0)
+    assert at_zero == {"margin": 0.0, "ooms_caught": 3, "runs_fitting": 2}
+    # as a share of an 80 GiB GPU, 2 GiB to spare is 2.5 %
+    relative = bench.margin_sweep(rows, relative=True)
+    assert relative["keep_every_run"]["margin"] == 0.025
+    assert "OOMs caught 3/4, runs fitting 2/2" in "\n".join(bench.render_sweep(sweep))
