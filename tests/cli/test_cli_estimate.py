@@ -292,8 +292,10 @@ def test_new_stack_flags_reach_the_estimate(capsys):
     assert dpo["loss_path"] == "hf" and "reference_model" in dpo["breakdown"]
     fused = _json(capsys, base + ["--workload", "dpo", "--loss-kernel", "trl_fused"])
     assert fused["loss_path"] == "trl_fused" and fused["peak_gib"] < dpo["peak_gib"]
-    assert main(["estimate", "--loss-kernel", "trl_fused"]) == 2  # sft has no TRL fused head
+    assert main(["estimate", "--loss-kernel", "trl_logps"]) == 2  # TRL's DPO/GRPO code, no SFT loss
     assert "loss_kernel" in capsys.readouterr().err
+    sft_fused = _json(capsys, base + ["--loss-kernel", "trl_fused"])  # TRL 1.16's SFTTrainer
+    assert sft_fused["loss_path"] == "trl_fused" and sft_fused["peak_gib"] < hf["peak_gib"]
     assert "reference_model" not in pre["breakdown"]
     vllm = _json(
         capsys,

@@ -161,12 +161,14 @@ def test_liger_never_materialises_the_logits():
 
 def test_hf_stack_assumes_full_logits_unless_told_trl_fused():
     """The hf stack covers LLaMA-Factory's CustomDPOTrainer and TRL before 1.16, which build the
-    full fp32 logits: the default must hold them; TRL 1.16's fused head is an explicit choice."""
+    full fp32 logits: the default must hold them; TRL 1.16's fused head, which its SFTTrainer runs
+    too (sft_trainer.py: add_fused_lm_head), is an explicit choice."""
     assert losses.loss_path("hf", "dpo", "hf") == "hf"
     assert losses.loss_path("hf", "grpo", "hf") == "hf"
+    assert losses.loss_path("hf", "sft", None) == "hf"
     assert losses.loss_path("hf", "dpo", "trl_fused") == "trl_fused"
     assert losses.loss_path("hf", "grpo", "trl_fused") == "trl_fused"
-    assert losses.loss_path("hf", "sft", "trl_fused") == "hf"
+    assert losses.loss_path("hf", "sft", "trl_fused") == "trl_fused"
 
 
 def test_trl_fused_head_counts_fp32_weight_grad():

@@ -2,11 +2,12 @@
 
 The HF Trainer of the pinned transformers runs ``train()`` itself (its default fused AdamW, its
 autocast, its gradient clipping) on batches padded by a collator, as every SFT run without packing
-gets them. Bytes are counted by the probe's ``StorageTracker`` (tests/scripts/zero_phase_probe.py:
+gets them; TRL 1.16's SFTTrainer and DPOTrainer run theirs with their own defaults. Bytes are
+counted by the probe's ``StorageTracker`` (tests/scripts/zero_phase_probe.py:
 every storage an aten op creates, rounded to the CUDA allocator's 512 B blocks); the peak of two
 steps (the second has Adam's states) is what ``torch.cuda.max_memory_allocated()`` would report.
 
-Run: .venv/bin/python -m pytest tests/memory/test_real_clients.py -q -s   (~30 s)
+Run: .venv/bin/python -m pytest tests/memory/test_real_clients.py -q -s   (~45 s)
 """
 
 from __future__ import annotations
@@ -199,3 +200,96 @@ def test_trl_dpo_trainer_step_matches_the_estimate(tmp_path):
     est = estimate_memory(spec, setup)
     print(f"DPOTrainer: measured {measured:,} predicted {est.peak_bytes:,} ({est.phase})")
     assert est.peak_bytes == pytest.approx(measured, rel=0.03)
+
+
+def test_trl_sft_trainer_step_matches_the_estimate(tmp_path):
+    """``SFTTrainer.train()`` of TRL 1.16 for two steps with its own defaults: the model loaded
+    from a directory in fp32, bf16 autocast, gradient checkpointing on (``SFTConfig``), plain-text
+    rows padded to the longest of each batch by its collator, and the loss taken from the fused LM
+    head it installs (``sft_trainer.py``: ``add_fused_lm_head``, ``compute_loss``). With
+    ``loss_kernel trl_fused`` the estimate is within 3 % of the measured peak once the head's CPU
+    fallback is set aside (``_torch_fallback_tiles``). Every position of a plain-text row is a
+    label, so the CPU's head scores the same tokens as a GPU's."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("trl")
+    from datasets import Dataset
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from trl import SFTConfig, SFTTrainer
+
+    from conftest import write_tiny_model_dir
+    from zerofit.models.resolve import spec_from_config
+    from zerofit.planning.answers import Answers
+    from zerofit.planning.planner import pads_batches
+
+    seq, micro = 512, 4
+    model_dir = write_tiny_model_dir(tmp_path / "model", vocab_size=SHAPE["vocab_size"])
+    torch.manual_seed(0)
+    config = AutoConfig.for_model("qwen2", attn_implementation="sdpa", use_cache=False, **SHAPE)
+    AutoModelForCausalLM.from_config(config).save_pretrained(model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+
+    def text(n_words: int, start: int) -> str:
+        return " ".join(str((start + i) % 400) for i in range(n_words))
+
+    # each micro batch: one row cut at max_length, three shorter ones
+    rows = [{"text": text(seq + 64 if k % 4 == 0 else 150 + 40 * k, k)} for k in range(2 * micro)]
+    args = SFTConfig(**_two_quiet_cpu_steps(tmp_path / "out", micro), max_length=seq)
+    trainer = SFTTrainer(
+        model=str(model_dir),
+        args=args,
+        train_dataset=Dataset.from_list(rows),
+        processing_class=tokenizer,
+    )
+    assert args.gradient_checkpointing and args.bf16 and not args.packing
+    longest = max(len(ids) for ids in trainer.train_dataset["input_ids"])
+    assert longest == seq
+    tracker = _storage_tracker()
+    tracker.track_existing(trainer.model.parameters())
+    with tracker:
+        trainer.train()
+    measured = tracker.peak
+
+    setup = TrainSetup(
+        stage=0,
+        stack="hf",
+        workload="sft",
+        weights_dtype="fp32",
+        micro_batch=micro,
+        seq_len=seq,
+        gradient_checkpointing=True,
+        loss_kernel="trl_fused",
+        padded=pads_batches(Answers(workload="sft"), micro),
+    )
+    spec = spec_from_config({**SHAPE, "model_type": "qwen2"}, "probe")
+    est = estimate_memory(spec, setup)
+    cpu_only = _torch_fallback_tiles(micro * seq, SHAPE["vocab_size"], SHAPE["hidden_size"])
+    print(
+        f"SFTTrainer: measured {measured:,}, of which the CPU fallback's tiles {cpu_only:,}; "
+        f"predicted {est.peak_bytes:,} ({est.phase}, loss {est.loss_path})"
+    )
+    assert est.loss_path == "trl_fused"
+    assert est.peak_bytes == pytest.approx(measured - cpu_only, rel=0.03)
+
+
+def _torch_fallback_tiles(tokens: int, vocab: int, hidden: int) -> int:
+    """Bytes TRL's fused LM head holds on a device without Triton beyond its buffer and per-token
+    statistics: the torch fallback (``trl/kernels/chunked_logprob.py:_forward_tile``) works on
+    whole fp32 ``[N, V]`` tiles (the float copy, its exponential, the masked copy for the top-1
+    test) that the Triton kernel of a GPU keeps in registers. Measured by running the head alone
+    on the same shapes: its forward peak minus the buffer ``losses.trl_tile_bytes`` counts."""
+    import torch
+    from trl.kernels.chunked_logprob import ChunkedLogProbFunction
+
+    from zerofit.memory.losses import TRL_VOCAB_CHUNK, trl_tile_bytes
+
+    states = torch.randn(tokens, hidden, dtype=torch.bfloat16, requires_grad=True)
+    weight = torch.randn(vocab, hidden, dtype=torch.bfloat16, requires_grad=True)
+    targets = torch.randint(0, vocab, (tokens,))
+    outputs = ("log_probs", "entropy", "is_top1")  # what SFTTrainer asks of the head
+    tracker = _storage_tracker()
+    tracker.track_existing([states, weight])
+    with tracker:
+        ChunkedLogProbFunction.apply(
+            states, weight, None, targets, 1.0, TRL_VOCAB_CHUNK, None, 1.0, outputs
+        )
+    return tracker.peak - trl_tile_bytes(2, tokens)

@@ -42,8 +42,8 @@ _HELP = {
     "optimizer": "optimizer implementation (default: what the stack runs; hf: adamw_torch_fused)",
     "loss_kernel": "default: the stack's own (hf stack: trl_logps for grpo, hf otherwise); "
     "hf (full-vocabulary fp32 logits: HF Trainer, LLaMA-Factory), liger (fused linear "
-    "cross-entropy), trl_fused (TRL >= 1.16's chunked LM head in its DPO/GRPO trainers) or "
-    "trl_logps (TRL 0.14-1.15: bf16 logits and row-wise log_softmax)",
+    "cross-entropy), trl_fused (TRL >= 1.16's chunked LM head in its SFT/DPO/GRPO trainers) or "
+    "trl_logps (TRL 0.14-1.15 DPO/GRPO: bf16 logits and row-wise log_softmax)",
     "padding": "micro batches padded to their longest sequence (default: yes when a forward "
     "carries more than one sequence, and for dpo and grpo); --no-padding for packed, "
     "padding-free or equal-length batches",

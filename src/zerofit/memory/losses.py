@@ -11,8 +11,10 @@ Four paths, each derived from the code that runs at the pinned versions (or, for
   logits never exist in full; one ``[chunk, V]`` tile at a time, with ``chunk =
   next_pow2(ceil(BT / ceil(V / H)))``, and the gradients of the input and of the LM-head weight
   computed in the forward (``zeros_like`` of each, so in the compute dtype).
-- ``trl_fused``: TRL 1.16's fused LM head, which ``DPOTrainer`` and ``GRPOTrainer`` install on the
-  policy and the reference (``trl/trainer/utils.py:add_fused_lm_head``) and which runs
+- ``trl_fused``: TRL 1.16's fused LM head, which ``SFTTrainer``, ``DPOTrainer`` and ``GRPOTrainer``
+  install (``trl/trainer/utils.py:add_fused_lm_head``; ``sft_trainer.py:SFTTrainer.__init__``
+  asks it for log-probs, entropy and top-1 hits, and ``compute_loss`` takes the SFT loss from its
+  log-probs unless a ``compute_loss_func`` or label smoothing needs the logits) and which runs
   ``trl/kernels/chunked_logprob.py:ChunkedLogProbFunction``: one ``[4096, 32768]`` buffer in the
   compute dtype (``trl_tile_bytes``), per-token fp32 statistics, and in backward fp32
   accumulators for the gradients of the scored hidden states and of the whole LM-head weight,
@@ -30,7 +32,9 @@ Which path the ``hf`` stack assumes: GRPO on the ``hf`` stack is TRL's trainer (
 open-r1 subclass or call it), so ``trl_logps``, the larger of TRL's two paths. For SFT and DPO:
 full logits, unless the user says
 ``--loss-kernel trl_fused``. The ``hf`` stack is the Trainer and everything built on it, and most
-of it still materialises the whole ``[2B, T, V]`` logits in fp32:
+of it still materialises the whole logits in fp32: the HF Trainer's own SFT loss
+(``ForCausalLMLoss``), LLaMA-Factory's and ms-swift's SFT through it, TRL's SFTTrainer before
+1.16, and for DPO (``[2B, T, V]``):
 - LLaMA-Factory ``src/llamafactory/train/dpo/trainer.py:CustomDPOTrainer.concatenated_forward``:
   ``model(**batch).logits.to(torch.float32)``, then ``get_batch_logps`` takes
   ``logits.log_softmax(-1)`` and gathers; the fp32 logits are returned (``chosen_logits``,
@@ -40,9 +44,9 @@ of it still materialises the whole ``[2B, T, V]`` logits in fp32:
 - TRL before its fused head (0.7-0.11 ``DPOTrainer.concatenated_forward`` / ``get_batch_logps``,
   what alignment-handbook and SimPO run), and axolotl's DPO through those trainers: full logits
   and ``log_softmax`` over the vocabulary.
-Only TRL >= 1.16 runs the fused head, and only its own DPO/GRPO trainers; zerofit cannot tell
-which of these the user runs, and the promise is "will not OOM", so the default is the path that
-holds the most and the fused one is an explicit choice.
+Only TRL >= 1.16 runs the fused head, and only in its own SFT/DPO/GRPO trainers; zerofit cannot
+tell which of these the user runs, and the promise is "will not OOM", so the default is the path
+that holds the most and the fused one is an explicit choice.
 """
 
 from __future__ import annotations
@@ -59,6 +63,7 @@ TRL_TOKEN_CHUNK = 4096
 TRL_VOCAB_CHUNK = 32768
 # ChunkedLogProbFunction.forward: sum_exp, x_sum_exp, sq_sum_exp, z_sum, target_logit, plus the
 # log-prob, entropy, log_z and three metric outputs DPOTrainer asks for: 11 fp32 values per token
+# (SFTTrainer asks for fewer outputs; a few bytes per token either way)
 TRL_FP32_PER_TOKEN = 11
 
 
@@ -66,7 +71,8 @@ def loss_path(stack: str, workload: str, loss_kernel: str | None) -> str:
     """Which loss implementation runs (see the module docstring for each stack's default;
     ``loss_kernel=None`` means that default).
 
-    ``trl_fused`` is TRL >= 1.16's DPO/GRPO head and is taken only when asked. Liger's fused
+    ``trl_fused`` is TRL >= 1.16's SFT/DPO/GRPO head and is taken only when asked; ``trl_logps``
+    is TRL's DPO/GRPO log-prob code before it, no SFT loss. Liger's fused
     linear CE replaces the loss of SFT and of TRL's GRPO (``use_liger_loss``); DPO stays on full
     logits with it: TRL 1.16 refuses ``fused_linear_cross_entropy`` in DPO
     (``DPOTrainer.__init__``) and LLaMA-Factory's DPO forward passes no labels, so Liger's patched
@@ -74,7 +80,7 @@ def loss_path(stack: str, workload: str, loss_kernel: str | None) -> str:
     """
     if loss_kernel is None:
         return "trl_logps" if (stack == "hf" and workload == "grpo") else "hf"
-    if loss_kernel in ("trl_fused", "trl_logps") and workload in ("dpo", "grpo"):
+    if loss_kernel == "trl_fused" or (loss_kernel == "trl_logps" and workload != "sft"):
         return loss_kernel
     if loss_kernel == "liger" and workload != "dpo":
         return "liger"

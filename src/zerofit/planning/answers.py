@@ -46,7 +46,7 @@ class Answers:
     stack: str = "hf"  # hf (Trainer/TRL/LLaMA-Factory) | accelerate | deepspeed
     optimizer: str | None = None  # None: what the stack runs (hf: adamw_torch_fused)
     # None: what the stack runs (hf stack: TRL's trl_logps for grpo, full logits otherwise);
-    # hf (full fp32 logits) | liger | trl_fused (TRL >= 1.16) | trl_logps (TRL 0.14-1.15)
+    # hf (full fp32 logits) | liger | trl_fused (TRL >= 1.16's trainers) | trl_logps (TRL 0.14-1.15)
     loss_kernel: str | None = None
     precompute_ref: bool = False  # dpo: precompute_ref_log_probs (no reference model)
     vllm_gpu_memory_utilization: float | None = None  # grpo: colocated vLLM's share of the GPU
@@ -161,11 +161,11 @@ def validate_answers(a: Answers) -> Answers:
             f"{a.completion_len} leaves no room for a prompt in seq_len {a.seq_len}",
             "raise seq_len or lower completion_len",
         )
-    if a.loss_kernel in ("trl_fused", "trl_logps") and a.workload == "sft":
+    if a.loss_kernel == "trl_logps" and a.workload == "sft":
         raise ZerofitError(
             "loss_kernel",
-            f"{a.loss_kernel} is TRL's DPO/GRPO log-prob path, not an SFT loss",
-            "use --loss-kernel hf or liger for sft",
+            "trl_logps is TRL's DPO/GRPO log-prob path (0.14-1.15), not an SFT loss",
+            "use --loss-kernel hf, liger or trl_fused (TRL >= 1.16's SFTTrainer) for sft",
         )
     if a.workload == "grpo" and a.num_generations < 2:  # a group of 1: advantages are 0 or NaN
         raise ZerofitError(
