@@ -11,7 +11,8 @@ number).
 This script runs `zerofit estimate` on each one and prints:
 
 - the confusion matrix: real outcome (oom / ran) x predicted (does NOT fit / fits);
-- every miss by id (a real OOM predicted to fit, or a run that worked predicted not to fit);
+- every miss by id (a real OOM predicted to fit, or a run that worked predicted not to fit), with
+  the caveats its record names;
 - the error on the measured numbers;
 - reports that cannot be estimated yet (a GPU or model missing from zerofit), with the reason;
 - the held-out sets together, and what one uniform safety margin could do with the estimates
@@ -190,6 +191,7 @@ def evaluate(reports: list[dict], proxies: dict[str, str] | None = None) -> dict
         "ran": {"predicted_oom": 0, "predicted_fits": 0},
     }
     misses, errors = [], []
+    caveats = {report["id"]: report.get("missing", []) for report in reports}
     for row in rows:
         if row["status"] != "ok":
             errors.append({"id": row["id"], "error": row["error"]})
@@ -213,6 +215,8 @@ def evaluate(reports: list[dict], proxies: dict[str, str] | None = None) -> dict
                     "loss_path": row["loss_path"],
                     "optimizer": row["optimizer"],
                     "terms": dominant_terms(row["breakdown"]),
+                    # what the record says the report leaves open (its ``missing`` list)
+                    "caveats": caveats[row["id"]],
                 }
             )
     measured = [m for r, p in zip(reports, rows) if (m := measured_error(r, p))]
@@ -413,6 +417,7 @@ def render(result: dict) -> str:
             f"loss {x['loss_path']}, {x['optimizer']})"
         )
         lines.append(f"      dominant terms (GiB): {x['terms']}")
+        lines += [f"      caveat in the record: {note}" for note in x["caveats"]]
     lines += ["", "measured numbers (predicted vs measured, GiB):"]
     for x in result["measured"]:
         note = (
