@@ -74,6 +74,58 @@ def _pad(rows: list[dict]) -> dict:
     return {"input_ids": ids, "labels": labels, "attention_mask": mask}
 
 
+def _tiny_model_dir(tmp_path: Path) -> Path:
+    """A local directory with the probe's Qwen2 (fp32 weights) and a word-level tokenizer, what
+    TRL's trainers load by path (``create_model_from_path``)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from conftest import write_tiny_model_dir
+
+    model_dir = write_tiny_model_dir(tmp_path / "model", vocab_size=SHAPE["vocab_size"])
+    torch.manual_seed(0)
+    config = AutoConfig.for_model("qwen2", attn_implementation="sdpa", use_cache=False, **SHAPE)
+    AutoModelForCausalLM.from_config(config).save_pretrained(model_dir)
+    return model_dir
+
+
+def _measured_peak(trainer, *models) -> int:
+    """Peak bytes of ``trainer.train()``, the models' weights (made before) counted once."""
+    tracker = _storage_tracker()
+    for model in models:
+        tracker.track_existing(model.parameters())
+    with tracker:
+        trainer.train()
+    return tracker.peak
+
+
+def _trl_defaults(workload: str, micro: int, seq: int, **more) -> TrainSetup:
+    """zerofit's answers for a TRL 1.16 trainer with its own defaults on one device: the model
+    loaded by path in fp32, bf16 autocast, gradient checkpointing, the fused LM head, and the
+    planner's padding rule for the workload."""
+    from zerofit.planning.answers import Answers
+    from zerofit.planning.planner import pads_batches
+
+    return TrainSetup(
+        stage=0,
+        stack="hf",
+        workload=workload,
+        weights_dtype="fp32",
+        micro_batch=micro,
+        seq_len=seq,
+        gradient_checkpointing=True,
+        loss_kernel="trl_fused",
+        padded=pads_batches(Answers(workload=workload), micro),
+        **more,
+    )
+
+
+def _probe_spec():
+    from zerofit.models.resolve import spec_from_config
+
+    return spec_from_config({**SHAPE, "model_type": "qwen2"}, "probe")
+
+
 @pytest.mark.parametrize(
     "weights, checkpointing", [("fp32", False), ("bf16", False), ("fp32", True)]
 )
@@ -138,22 +190,13 @@ def test_trl_dpo_trainer_step_matches_the_estimate(tmp_path):
     torch ops that the kernel keeps in registers on a GPU. Without Triton the head also scores
     every position (trl/trainer/utils.py ``add_fused_lm_head``: ``compact`` only on Triton
     devices), as the estimate counts DPO's tokens; on a GPU it scores the completions only."""
-    torch = pytest.importorskip("torch")
     pytest.importorskip("trl")
     from datasets import Dataset
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
     from trl import DPOConfig, DPOTrainer
 
-    from conftest import write_tiny_model_dir
-    from zerofit.models.resolve import spec_from_config
-    from zerofit.planning.answers import Answers
-    from zerofit.planning.planner import pads_batches
-
     seq, micro = 256, 2
-    model_dir = write_tiny_model_dir(tmp_path / "model", vocab_size=SHAPE["vocab_size"])
-    torch.manual_seed(0)
-    config = AutoConfig.for_model("qwen2", attn_implementation="sdpa", use_cache=False, **SHAPE)
-    AutoModelForCausalLM.from_config(config).save_pretrained(model_dir)
+    model_dir = _tiny_model_dir(tmp_path)
 
     def words(n: int, start: int) -> str:
         return " ".join(str((start + i) % 400) for i in range(n))
@@ -178,26 +221,9 @@ def test_trl_dpo_trainer_step_matches_the_estimate(tmp_path):
         processing_class=AutoTokenizer.from_pretrained(model_dir),
     )
     assert args.gradient_checkpointing and args.bf16 and trainer.ref_model is not None
-    tracker = _storage_tracker()
-    tracker.track_existing(trainer.model.parameters())
-    tracker.track_existing(trainer.ref_model.parameters())
-    with tracker:
-        trainer.train()
-    measured = tracker.peak
+    measured = _measured_peak(trainer, trainer.model, trainer.ref_model)
 
-    setup = TrainSetup(
-        stage=0,
-        stack="hf",
-        workload="dpo",
-        weights_dtype="fp32",
-        micro_batch=micro,
-        seq_len=seq,
-        gradient_checkpointing=True,
-        loss_kernel="trl_fused",
-        padded=pads_batches(Answers(workload="dpo"), micro),
-    )
-    spec = spec_from_config({**SHAPE, "model_type": "qwen2"}, "probe")
-    est = estimate_memory(spec, setup)
+    est = estimate_memory(_probe_spec(), _trl_defaults("dpo", micro, seq))
     print(f"DPOTrainer: measured {measured:,} predicted {est.peak_bytes:,} ({est.phase})")
     assert est.peak_bytes == pytest.approx(measured, rel=0.03)
 
@@ -210,23 +236,13 @@ def test_trl_sft_trainer_step_matches_the_estimate(tmp_path):
     ``loss_kernel trl_fused`` the estimate is within 3 % of the measured peak once the head's CPU
     fallback is set aside (``_torch_fallback_tiles``). Every position of a plain-text row is a
     label, so the CPU's head scores the same tokens as a GPU's."""
-    torch = pytest.importorskip("torch")
     pytest.importorskip("trl")
     from datasets import Dataset
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
     from trl import SFTConfig, SFTTrainer
 
-    from conftest import write_tiny_model_dir
-    from zerofit.models.resolve import spec_from_config
-    from zerofit.planning.answers import Answers
-    from zerofit.planning.planner import pads_batches
-
     seq, micro = 512, 4
-    model_dir = write_tiny_model_dir(tmp_path / "model", vocab_size=SHAPE["vocab_size"])
-    torch.manual_seed(0)
-    config = AutoConfig.for_model("qwen2", attn_implementation="sdpa", use_cache=False, **SHAPE)
-    AutoModelForCausalLM.from_config(config).save_pretrained(model_dir)
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model_dir = _tiny_model_dir(tmp_path)
 
     def text(n_words: int, start: int) -> str:
         return " ".join(str((start + i) % 400) for i in range(n_words))
@@ -238,30 +254,13 @@ def test_trl_sft_trainer_step_matches_the_estimate(tmp_path):
         model=str(model_dir),
         args=args,
         train_dataset=Dataset.from_list(rows),
-        processing_class=tokenizer,
+        processing_class=AutoTokenizer.from_pretrained(model_dir),
     )
     assert args.gradient_checkpointing and args.bf16 and not args.packing
-    longest = max(len(ids) for ids in trainer.train_dataset["input_ids"])
-    assert longest == seq
-    tracker = _storage_tracker()
-    tracker.track_existing(trainer.model.parameters())
-    with tracker:
-        trainer.train()
-    measured = tracker.peak
+    assert max(len(ids) for ids in trainer.train_dataset["input_ids"]) == seq
+    measured = _measured_peak(trainer, trainer.model)
 
-    setup = TrainSetup(
-        stage=0,
-        stack="hf",
-        workload="sft",
-        weights_dtype="fp32",
-        micro_batch=micro,
-        seq_len=seq,
-        gradient_checkpointing=True,
-        loss_kernel="trl_fused",
-        padded=pads_batches(Answers(workload="sft"), micro),
-    )
-    spec = spec_from_config({**SHAPE, "model_type": "qwen2"}, "probe")
-    est = estimate_memory(spec, setup)
+    est = estimate_memory(_probe_spec(), _trl_defaults("sft", micro, seq))
     cpu_only = _torch_fallback_tiles(micro * seq, SHAPE["vocab_size"], SHAPE["hidden_size"])
     print(
         f"SFTTrainer: measured {measured:,}, of which the CPU fallback's tiles {cpu_only:,}; "
@@ -304,23 +303,15 @@ def test_trl_grpo_trainer_step_matches_the_estimate(tmp_path, monkeypatch):
     backward with every gradient. Without Triton the head scores every position instead of the
     completions only (``add_fused_lm_head``: ``compact``); the estimate that scores what this CPU
     scored is within 3 % as well."""
-    torch = pytest.importorskip("torch")
     pytest.importorskip("trl")
     from datasets import Dataset
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
 
-    from conftest import write_tiny_model_dir
     from zerofit.memory import losses
-    from zerofit.models.resolve import spec_from_config
-    from zerofit.planning.answers import Answers
-    from zerofit.planning.planner import pads_batches
 
     prompt, completion, micro = 64, 24, 4
-    model_dir = write_tiny_model_dir(tmp_path / "model", vocab_size=SHAPE["vocab_size"])
-    torch.manual_seed(0)
-    config = AutoConfig.for_model("qwen2", attn_implementation="sdpa", use_cache=False, **SHAPE)
-    AutoModelForCausalLM.from_config(config).save_pretrained(model_dir)
+    model_dir = _tiny_model_dir(tmp_path)
     # single digits are one token each: prompts of exactly 64 and 54 tokens
     rows = [
         {"prompt": " ".join(str((k + i) % 10) for i in range(prompt - 10 * (k % 2)))}
@@ -344,31 +335,20 @@ def test_trl_grpo_trainer_step_matches_the_estimate(tmp_path, monkeypatch):
         processing_class=AutoTokenizer.from_pretrained(model_dir),
     )
     assert args.gradient_checkpointing and args.bf16 and trainer.ref_model is None
-    tracker = _storage_tracker()
-    tracker.track_existing(trainer.model.parameters())
-    with tracker:
-        trainer.train()
-    measured = tracker.peak
+    measured = _measured_peak(trainer, trainer.model)
 
-    setup = TrainSetup(
-        stage=0,
-        stack="hf",
-        workload="grpo",
-        weights_dtype="fp32",
-        micro_batch=micro,
-        seq_len=prompt + completion,
+    setup = _trl_defaults(
+        "grpo",
+        micro,
+        prompt + completion,
         completion_len=completion,
         num_generations=micro,
         steps_per_generation=1,
-        gradient_checkpointing=True,
-        loss_kernel="trl_fused",
         reference_model=False,
-        padded=pads_batches(Answers(workload="grpo"), micro),
     )
-    spec = spec_from_config({**SHAPE, "model_type": "qwen2"}, "probe")
-    est = estimate_memory(spec, setup)
+    est = estimate_memory(_probe_spec(), setup)
     monkeypatch.setattr(losses, "scored_tokens", lambda stack, workload, tokens, done: tokens)
-    as_run_here = estimate_memory(spec, setup)
+    as_run_here = estimate_memory(_probe_spec(), setup)
     print(
         f"GRPOTrainer: measured {measured:,} predicted {est.peak_bytes:,} ({est.phase}); "
         f"scoring every position {as_run_here.peak_bytes:,} ({as_run_here.phase})"
