@@ -120,6 +120,11 @@ def _trl_defaults(workload: str, micro: int, seq: int, **more) -> TrainSetup:
     )
 
 
+def _words(n: int, start: int) -> str:
+    """``n`` numbers below 400 as text, for the tiny word-level tokenizer."""
+    return " ".join(str((start + i) % 400) for i in range(n))
+
+
 def _probe_spec():
     from zerofit.models.resolve import spec_from_config
 
@@ -198,18 +203,15 @@ def test_trl_dpo_trainer_step_matches_the_estimate(tmp_path):
     seq, micro = 256, 2
     model_dir = _tiny_model_dir(tmp_path)
 
-    def words(n: int, start: int) -> str:
-        return " ".join(str((start + i) % 400) for i in range(n))
-
     rows = []
     for k in range(4 * micro):
         prompt = 64 if k % 2 == 0 else 40
         chosen = seq - prompt if k % 4 == 0 else 120  # one full-length row per batch
         rows.append(
             {
-                "prompt": words(prompt, k),
-                "chosen": " " + words(chosen, k + 1),
-                "rejected": " " + words(90 + k, k + 2),
+                "prompt": _words(prompt, k),
+                "chosen": " " + _words(chosen, k + 1),
+                "rejected": " " + _words(90 + k, k + 2),
             }
         )
     # TRL's own defaults otherwise: bf16, gradient checkpointing, the fused LM head
@@ -244,11 +246,8 @@ def test_trl_sft_trainer_step_matches_the_estimate(tmp_path):
     seq, micro = 512, 4
     model_dir = _tiny_model_dir(tmp_path)
 
-    def text(n_words: int, start: int) -> str:
-        return " ".join(str((start + i) % 400) for i in range(n_words))
-
     # each micro batch: one row cut at max_length, three shorter ones
-    rows = [{"text": text(seq + 64 if k % 4 == 0 else 150 + 40 * k, k)} for k in range(2 * micro)]
+    rows = [{"text": _words(seq + 64 if k % 4 == 0 else 150 + 40 * k, k)} for k in range(2 * micro)]
     args = SFTConfig(**_two_quiet_cpu_steps(tmp_path / "out", micro), max_length=seq)
     trainer = SFTTrainer(
         model=str(model_dir),
