@@ -48,6 +48,7 @@ def test_order_follows_the_issue():
         "global_batch",
         "precision",
         "stack",
+        "loss_kernel",
         "padding",
         "weights_dtype",
     ]
@@ -60,6 +61,29 @@ def test_stack_is_asked_only_when_it_changes_the_plan():
     # foreach AdamW holds sqrt(exp_avg_sq) of the whole partition (memory/optimizers.py)
     tight = answers(model="qwen2.5-1.5b", gpu="A100-40GB", seq_len=2048)
     assert q.when(tight) is True
+
+
+def test_loss_kernel_is_asked_only_when_it_changes_the_plan():
+    q = qmap()["loss_kernel"]
+    # 0.5B on one H100 at 2048 tokens: the fp32 logits of 151,936 entries per token hold the
+    # micro batch at 8, TRL 1.16's fused head and Liger never build them and allow 16
+    free = answers()
+    assert q.when(free) is True
+    # a global batch of 8 on one GPU caps the micro batch at 8 whatever the loss builds
+    assert q.when(answers(global_batch=8)) is False
+    assert q.convert("default") is None and q.convert("trl_fused") == "trl_fused"
+    assert default_for(q, free) == "default"
+    assert default_for(qmap(Answers(loss_kernel="liger"))["loss_kernel"], free) == "liger"
+
+
+def test_defaults_walk_stores_what_a_picked_choice_would():
+    """``--defaults`` takes each select's default as if it were picked: "padded" and "default"
+    are choices, stored as the Answers values the prompt's convert gives them."""
+    tight = answers(gpu="A100-40GB", seq_len=2048)
+    assert qmap()["padding"].when(tight) and qmap()["loss_kernel"].when(tight)
+    walked = apply_defaults(build_questions(Answers()), tight)
+    assert walked["padding"] is None and walked["loss_kernel"] is None
+    answers_from_dict(walked)  # valid Answers
 
 
 def test_weights_dtype_is_asked_only_when_it_changes_the_plan():

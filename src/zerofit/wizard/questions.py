@@ -75,7 +75,10 @@ def apply_defaults(questions: Sequence[Question], answers: dict) -> dict:
     start, answers = answers, dict(answers)
     for q in questions:
         if q.when(answers):
-            answers[q.name] = default_for(q, answers)
+            value = default_for(q, answers)
+            # a select's default may be one of its choices ("padded", "default"): the prompt
+            # converts what is picked, so this walk converts the default the same way
+            answers[q.name] = q.convert(value) if q.kind == "select" else value
     return settle(answers, start)
 
 
@@ -326,6 +329,30 @@ def _padding_convert(base: Answers) -> Callable[[str], bool | None]:
     return convert
 
 
+# "default" stands for loss_kernel None: the stack's own path (memory/losses.py:loss_path)
+_LOSS_TITLES = {
+    "default": "the stack's default (full fp32 logits; TRL 0.14-1.15's log-probs for grpo)",
+    "trl_fused": "TRL >= 1.16's SFTTrainer / DPOTrainer / GRPOTrainer (fused LM head, no logits)",
+    "liger": "Liger's fused linear cross-entropy (use_liger_kernel; sft and grpo)",
+    "hf": "full fp32 logits (the HF Trainer's own loss, LLaMA-Factory, ms-swift)",
+}
+
+
+def loss_kernel_matters(answers: dict) -> bool:
+    """Ask which loss the trainer computes only when it changes the plan: the full logits of a
+    long sequence and a large vocabulary can decide the micro batch, TRL's fused head and Liger
+    never build them (memory/losses.py)."""
+    return _changes_plan(answers, "loss_kernel", (None, "trl_fused", "liger", "hf"))
+
+
+def _loss_default(base: Answers) -> str:
+    return base.loss_kernel or "default"
+
+
+def _loss_convert(value: str) -> str | None:
+    return None if value == "default" else value
+
+
 _LAUNCHER_TITLES = {
     "accelerate": "accelerate launch --machine_rank R (one command per node)",
     "torchrun": "torchrun --nnodes/--node_rank (plain torchrun, c10d rendezvous)",
@@ -482,6 +509,15 @@ def build_questions(
             base.stack,
             when=stack_matters,
             choices=tuple((n, _STACK_TITLES[n]) for n in STACKS),
+        ),
+        Question(
+            "loss_kernel",
+            "select",
+            "Which loss does the trainer compute (it changes the plan here)",
+            _loss_default(base),
+            when=loss_kernel_matters,
+            choices=tuple((n, _LOSS_TITLES[n]) for n in _LOSS_TITLES),
+            convert=_loss_convert,
         ),
         Question(
             "padding",
