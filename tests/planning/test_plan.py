@@ -310,3 +310,18 @@ def test_padded_micro_batches_cost_memory_in_the_plan():
     padded = plan(Answers(**fixed), model=QWEN25_7B)
     packed = plan(Answers(padding=False, **fixed), model=QWEN25_7B)
     assert padded.peak_gib > packed.peak_gib + 1.0
+
+
+def test_plan_names_what_trls_fused_head_would_change():
+    """0.5B on one H100 at 2048 tokens: the full fp32 logits hold the micro batch at 8; TRL
+    >= 1.16's fused head never builds them, and its plan takes 16. The hint is left out when the
+    user named a loss path, or when the fused head plans the same (a global batch of 8)."""
+    from zerofit.planning.plan import fused_head_hint
+
+    base = Answers(model="qwen2.5-0.5b", gpu="H100-SXM", seq_len=2048)
+    p = plan(base, model=QWEN25_05B)
+    assert p.loss_path == "hf" and p.micro_batch == 8
+    hint = fused_head_hint(p)
+    assert hint and "--loss-kernel trl_fused" in hint and "micro 16 (fits)" in hint
+    assert fused_head_hint(plan(dataclasses.replace(base, loss_kernel="hf"))) is None
+    assert fused_head_hint(plan(dataclasses.replace(base, global_batch=8))) is None

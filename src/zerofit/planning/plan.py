@@ -6,7 +6,7 @@ CONTRACT (shared by builders, wizard, launch): the dataclass fields below are st
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from zerofit.planning.answers import Answers
@@ -185,4 +185,35 @@ def plan(answers: Answers, model: Any = None) -> Plan:
         loss_path=est.loss_path,
         pin_memory=chosen.pin_memory,
         padded=pads_batches(answers, chosen.micro_batch),
+    )
+
+
+def fused_head_hint(p: Plan) -> str | None:
+    """What the plan would be under TRL >= 1.16's fused LM head, when it assumed the full logits
+    and that head changes it: its SFT, DPO and GRPO trainers never build the logits
+    (memory/losses.py), so a TRL user can take a bigger micro batch or a lighter config. None
+    when the user named a loss path or the fused head plans the same."""
+    if p.answers.loss_kernel is not None or p.loss_path not in ("hf", "trl_logps"):
+        return None
+    fused = plan(replace(p.answers, loss_kernel="trl_fused"))
+
+    def shape(q: Plan) -> tuple:
+        return (
+            q.stage,
+            q.offload_optimizer,
+            q.offload_param,
+            q.gradient_checkpointing,
+            q.micro_batch,
+            q.fits,
+        )
+
+    if shape(fused) == shape(p):
+        return None
+    checkpointing = "on" if fused.gradient_checkpointing else "off"
+    verdict = "fits" if fused.fits else "does not fit"
+    return (
+        f"note: the {'full fp32 logits' if p.loss_path == 'hf' else 'TRL 0.14-1.15 log-probs'} "
+        f"are assumed; with TRL >= 1.16's trainers (fused LM head, --loss-kernel trl_fused) the "
+        f"plan is ZeRO-{fused.stage}, offload {fused.offload_optimizer}/{fused.offload_param}, "
+        f"checkpointing {checkpointing}, micro {fused.micro_batch} ({verdict})"
     )

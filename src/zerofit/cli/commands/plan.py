@@ -68,7 +68,7 @@ def _ram_words(p) -> str:
 
 
 def run(args) -> int:
-    from zerofit.planning.plan import plan
+    from zerofit.planning.plan import fused_head_hint, plan
 
     p = plan(answers_from_args(args))
     if args.json:
@@ -142,4 +142,7 @@ def run(args) -> int:
         from zerofit.memory.activations import padding_note
 
         console.print(padding_note())
+    hint = fused_head_hint(p)
+    if hint:
+        console.print(hint)
     return 0
