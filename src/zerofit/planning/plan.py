@@ -62,6 +62,19 @@ class Plan:
     pin_memory: bool = True  # offload blocks' pin_memory (page-locked host buffers)
     padded: bool = False  # micro batches estimated as padded (planner.pads_batches)
 
+    @property
+    def shape(self) -> tuple:
+        """The decisions that make it a different configuration: two plans with the same shape
+        write the same files and the same verdict."""
+        return (
+            self.stage,
+            self.offload_optimizer,
+            self.offload_param,
+            self.gradient_checkpointing,
+            self.micro_batch,
+            self.fits,
+        )
+
 
 def plan(answers: Answers, model: Any = None) -> Plan:
     """Resolve ``answers`` into the fastest configuration that fits, with reasons.
@@ -196,18 +209,7 @@ def fused_head_hint(p: Plan) -> str | None:
     if p.answers.loss_kernel is not None or p.loss_path not in ("hf", "trl_logps"):
         return None
     fused = plan(replace(p.answers, loss_kernel="trl_fused"))
-
-    def shape(q: Plan) -> tuple:
-        return (
-            q.stage,
-            q.offload_optimizer,
-            q.offload_param,
-            q.gradient_checkpointing,
-            q.micro_batch,
-            q.fits,
-        )
-
-    if shape(fused) == shape(p):
+    if fused.shape == p.shape:
         return None
     checkpointing = "on" if fused.gradient_checkpointing else "off"
     verdict = "fits" if fused.fits else "does not fit"

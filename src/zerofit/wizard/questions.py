@@ -261,19 +261,7 @@ def _changes_plan(answers: dict, name: str, values: tuple) -> bool:
     from zerofit.planning.plan import plan
 
     try:
-        outcomes = set()
-        for value in values:
-            p = plan(answers_from_dict({**answers, name: value}))
-            outcomes.add(
-                (
-                    p.stage,
-                    p.offload_optimizer,
-                    p.offload_param,
-                    p.gradient_checkpointing,
-                    p.micro_batch,
-                    p.fits,
-                )
-            )
+        outcomes = {plan(answers_from_dict({**answers, name: value})).shape for value in values}
     except ZerofitError:
         return False
     return len(outcomes) > 1
