@@ -337,15 +337,20 @@ def render_sweep(sweep: dict) -> list[str]:
 
 def together(results: dict[str, dict]) -> dict:
     """Every held-out set's rows as one set: its confusion counts and margin sweeps."""
-    rows = [row for name, result in results.items() if name != DATA.name for row in result["rows"]]
-    ok = [r for r in rows if r["status"] == "ok"]
+    held_out = [result for name, result in results.items() if name != DATA.name]
+    rows = [row for result in held_out for row in result["rows"]]
+
+    def total(outcome: str, predicted: str) -> int:
+        # the per-set confusion matrices (evaluate), added up
+        return sum(result["matrix"][outcome][predicted] for result in held_out)
+
     return {
         "sets": [name for name in results if name != DATA.name],
-        "evaluated": len(ok),
-        "ooms_caught": sum(1 for r in ok if r["outcome"] == "oom" and not r["fits"]),
-        "ooms": sum(1 for r in ok if r["outcome"] == "oom"),
-        "runs_fitting": sum(1 for r in ok if r["outcome"] == "ran" and r["fits"]),
-        "runs": sum(1 for r in ok if r["outcome"] == "ran"),
+        "evaluated": sum(result["evaluated"] for result in held_out),
+        "ooms_caught": total("oom", "predicted_oom"),
+        "ooms": total("oom", "predicted_oom") + total("oom", "predicted_fits"),
+        "runs_fitting": total("ran", "predicted_fits"),
+        "runs": total("ran", "predicted_oom") + total("ran", "predicted_fits"),
         "sweep_gib": margin_sweep(rows),
         "sweep_share": margin_sweep(rows, relative=True),
     }

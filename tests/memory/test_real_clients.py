@@ -141,7 +141,6 @@ def test_hf_trainer_on_padded_batches_matches_the_estimate(weights, checkpointin
     torch = pytest.importorskip("torch")
     from transformers import AutoConfig, AutoModelForCausalLM, Trainer, TrainingArguments
 
-    from zerofit.models.resolve import spec_from_config
     from zerofit.planning.answers import Answers
     from zerofit.planning.planner import pads_batches
 
@@ -174,7 +173,7 @@ def test_hf_trainer_on_padded_batches_matches_the_estimate(weights, checkpointin
         gradient_checkpointing=checkpointing,
         padded=padded,
     )
-    spec = spec_from_config({**SHAPE, "model_type": "qwen2"}, "probe")
+    spec = _probe_spec()
     est = estimate_memory(spec, setup)
     unpadded = estimate_memory(spec, dataclasses.replace(setup, padded=False))
     print(

@@ -206,7 +206,7 @@ def fused_head_hint(p: Plan) -> str | None:
     and that head changes it: its SFT, DPO and GRPO trainers never build the logits
     (memory/losses.py), so a TRL user can take a bigger micro batch or a lighter config. None
     when the user named a loss path or the fused head plans the same."""
-    if p.answers.loss_kernel is not None or p.loss_path not in ("hf", "trl_logps"):
+    if p.answers.loss_kernel is not None:  # left to the stack: full logits or trl_logps
         return None
     fused = plan(replace(p.answers, loss_kernel="trl_fused"))
     if fused.shape == p.shape:
