@@ -183,6 +183,8 @@ def evaluate(reports: list[dict], proxies: dict[str, str] | None = None) -> dict
                     "id": report["id"],
                     "outcome": report["outcome"],
                     "workload": report["answers"].get("workload"),
+                    # the record names facts the report leaves open (its ``missing`` list)
+                    "caveated": bool(report.get("missing")),
                     **pred,
                 }
             )
@@ -351,8 +353,25 @@ def together(results: dict[str, dict]) -> dict:
         "ooms": total("oom", "predicted_oom") + total("oom", "predicted_fits"),
         "runs_fitting": total("ran", "predicted_fits"),
         "runs": total("ran", "predicted_oom") + total("ran", "predicted_fits"),
+        "by_caveats": {
+            "no caveat": verdict_counts([row for row in rows if not row["caveated"]]),
+            "caveated": verdict_counts([row for row in rows if row["caveated"]]),
+        },
         "sweep_gib": margin_sweep(rows),
         "sweep_share": margin_sweep(rows, relative=True),
+    }
+
+
+def verdict_counts(rows: list[dict]) -> dict:
+    """OOMs caught and runs predicted to fit among ``rows`` (the evaluated ones)."""
+    ok = [row for row in rows if row["status"] == "ok"]
+    ooms = [row for row in ok if row["outcome"] == "oom"]
+    runs = [row for row in ok if row["outcome"] == "ran"]
+    return {
+        "ooms_caught": sum(not row["fits"] for row in ooms),
+        "ooms": len(ooms),
+        "runs_fitting": sum(row["fits"] for row in runs),
+        "runs": len(runs),
     }
 
 
@@ -362,6 +381,7 @@ def render_together(summary: dict) -> str:
         f"held-out reports: {summary['evaluated']} evaluated in {len(summary['sets'])} sets",
         f"OOMs caught: {summary['ooms_caught']}/{summary['ooms']}; runs that worked predicted "
         f"to fit: {summary['runs_fitting']}/{summary['runs']}",
+        *render_by_caveats(summary["by_caveats"]),
         "",
         "what one uniform safety margin could do, every estimate unchanged (a report fits when "
         "the GPU has at least the margin to spare after everything zerofit counts):",
@@ -371,6 +391,19 @@ def render_together(summary: dict) -> str:
         *render_sweep(summary["sweep_share"]),
     ]
     return "\n".join(lines)
+
+
+def render_by_caveats(by_caveats: dict) -> list[str]:
+    """The pooled counts split by whether the record names facts its report leaves open."""
+    what = {
+        "no caveat": "the record lists nothing its report leaves open",
+        "caveated": "the record names facts the report leaves open",
+    }
+    return [
+        f" {name} ({what[name]}): OOMs caught {c['ooms_caught']}/{c['ooms']}; runs predicted "
+        f"to fit {c['runs_fitting']}/{c['runs']}"
+        for name, c in by_caveats.items()
+    ]
 
 
 def _in_catalog(name: str) -> bool:

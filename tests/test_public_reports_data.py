@@ -207,3 +207,29 @@ def test_the_margin_sweep_finds_the_limits_of_one_uniform_margin():
     relative = bench.margin_sweep(rows, relative=True)
     assert relative["keep_every_run"]["margin"] == 0.025
     assert "OOMs caught 3/4, runs fitting 2/2" in "\n".join(bench.render_sweep(sweep))
+
+
+def test_the_pooled_counts_split_by_whether_the_record_names_open_facts():
+    """`together` counts the held-out rows twice more: those whose record lists nothing its
+    report leaves open, and those with caveats; an unevaluable row counts in neither."""
+    bench = _bench()
+    rows = [
+        {**_row("ran", 5.0), "fits": True, "caveated": False},
+        {**_row("oom", -1.0), "fits": False, "caveated": False},
+        {**_row("oom", 3.0), "fits": True, "caveated": True},
+        {**_row("ran", -2.0), "fits": False, "caveated": True},
+        {"status": "error", "outcome": "oom", "id": "not evaluable", "caveated": True},
+    ]
+    matrix = {
+        "oom": {"predicted_oom": 1, "predicted_fits": 1},
+        "ran": {"predicted_oom": 1, "predicted_fits": 1},
+    }
+    summary = bench.together(
+        {"public_reports_holdout_x.jsonl": {"rows": rows, "matrix": matrix, "evaluated": 4}}
+    )
+    assert summary["by_caveats"] == {
+        "no caveat": {"ooms_caught": 1, "ooms": 1, "runs_fitting": 1, "runs": 1},
+        "caveated": {"ooms_caught": 0, "ooms": 1, "runs_fitting": 0, "runs": 1},
+    }
+    text = bench.render_together(summary)
+    assert "no caveat (the record lists nothing its report leaves open): OOMs caught 1/1" in text
