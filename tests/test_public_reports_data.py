@@ -1,5 +1,5 @@
 """The public-reports sets are well formed: tests/data/public_reports.jsonl (the set the
-estimator was developed against) and the held-out sets public_reports_holdout_{a,b}.jsonl
+estimator was developed against) and the held-out sets public_reports_holdout_*.jsonl
 (collected later, without running the estimator, to judge it on reports it was not built on).
 
 Checks the data, not the estimator: every report has a source URL, a verbatim quote, a known
