@@ -56,7 +56,12 @@ sys.path.insert(0, str(ROOT / "src"))  # the checkout's zerofit, not an older in
 #   compared with everything the estimate says the GPU holds (peak + allocator fragmentation +
 #   NCCL + CUDA context + vLLM), the safety margin left out. The allocator may cache more than
 #   it needs, so a device_used above the prediction is not by itself a miss.
-MEASURED_KINDS = ("alloc_lower_bound", "device_used")
+# - reserved: torch.cuda.max_memory_reserved() as a trainer logs it (ms-swift's memory column):
+#   what the caching allocator held at most, no CUDA context; compared with the peak plus the
+#   allocator fragmentation zerofit counts. On a GPU with room to spare the cache keeps freed
+#   blocks, so a reserved figure above the prediction is not by itself a miss either.
+MEASURED_KINDS = ("alloc_lower_bound", "device_used", "reserved")
+FRAGMENTATION_TERM = "allocator_fragmentation (not in peak)"
 VERDICT_RULE = (
     "fits = the GPU holds peak + allocator + NCCL + CUDA context + vLLM + safety "
     "margin within its memory, and the offload buffers fit the node's RAM only where "
@@ -153,7 +158,12 @@ def measured_error(report: dict, pred: dict) -> dict | None:
     if "measured_gib" not in report or pred["status"] != "ok":
         return None
     kind = report["measured_kind"]
-    predicted = pred["peak_gib"] if kind == "alloc_lower_bound" else pred["gpu_total_gib"]
+    if kind == "alloc_lower_bound":
+        predicted = pred["peak_gib"]
+    elif kind == "reserved":
+        predicted = round(pred["peak_gib"] + pred["breakdown"].get(FRAGMENTATION_TERM, 0.0), 3)
+    else:
+        predicted = pred["gpu_total_gib"]
     measured = report["measured_gib"]
     return {
         "id": report["id"],

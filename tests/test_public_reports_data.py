@@ -41,7 +41,7 @@ NEW_FIELDS = {
 }
 # GPUs the catalog gains in issue 8; until then a report on one names it in `missing`.
 GPUS_BEING_ADDED = ("A800", "H800", "H20", "A40", "L20", "MI250X", "MI300X")
-MEASURED_KINDS = ("alloc_lower_bound", "device_used")
+MEASURED_KINDS = ("alloc_lower_bound", "device_used", "reserved")
 ANSWER_FIELDS = {f.name for f in dataclasses.fields(Answers)}
 
 
@@ -233,3 +233,19 @@ def test_the_pooled_counts_split_by_whether_the_record_names_open_facts():
     }
     text = bench.render_together(summary)
     assert "no caveat (the record lists nothing its report leaves open): OOMs caught 1/1" in text
+
+
+def test_a_reserved_figure_is_compared_with_the_peak_plus_fragmentation():
+    """A trainer's logged max_memory_reserved holds the allocator's blocks but no CUDA context:
+    it is judged against the peak plus the fragmentation zerofit counts, nothing else."""
+    bench = _bench()
+    pred = {
+        "status": "ok",
+        "peak_gib": 70.0,
+        "gpu_total_gib": 73.0,
+        "breakdown": {"params": 14.0, bench.FRAGMENTATION_TERM: 1.5, "cuda_context": 0.5},
+    }
+    report = {"id": "r", "measured_gib": 72.0, "measured_kind": "reserved"}
+    assert bench.measured_error(report, pred)["predicted_gib"] == 71.5
+    used = {**report, "measured_kind": "device_used"}
+    assert bench.measured_error(used, pred)["predicted_gib"] == 73.0
