@@ -15,8 +15,10 @@ This script runs `zerofit estimate` on each one and prints:
   the caveats its record names;
 - the error on the measured numbers;
 - reports that cannot be estimated yet (a GPU or model missing from zerofit), with the reason;
-- the held-out sets together, and what one uniform safety margin could do with the estimates
-  unchanged (``margin_sweep``): how separable the real outcomes are by the estimate at all.
+- the held-out sets together, also split into records that list nothing their report leaves
+  open and records with caveats (``verdict_counts``), and what one uniform safety margin could do
+  with the estimates unchanged (``margin_sweep``): how separable the real outcomes are by the
+  estimate at all.
 
 The verdict rule (printed at the top of the output): a report is predicted to fit when the GPU
 holds everything zerofit models (`fits_gpu`: the allocated peak + allocator fragmentation + NCCL
