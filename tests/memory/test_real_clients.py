@@ -120,6 +120,22 @@ def _trl_defaults(workload: str, micro: int, seq: int, **more) -> TrainSetup:
     )
 
 
+def _trl_trainer(trainer_cls, model_dir: Path, args, rows: list[dict], **more):
+    """A TRL trainer as its docs build one: the model by path (TRL loads it itself), the rows as a
+    ``datasets.Dataset`` and the directory's own tokenizer; ``more`` adds what a trainer needs
+    besides (GRPO's ``reward_funcs``)."""
+    from datasets import Dataset
+    from transformers import AutoTokenizer
+
+    return trainer_cls(
+        model=str(model_dir),
+        args=args,
+        train_dataset=Dataset.from_list(rows),
+        processing_class=AutoTokenizer.from_pretrained(model_dir),
+        **more,
+    )
+
+
 def _words(n: int, start: int) -> str:
     """``n`` numbers below 400 as text, for the tiny word-level tokenizer."""
     return " ".join(str((start + i) % 400) for i in range(n))
@@ -195,8 +211,6 @@ def test_trl_dpo_trainer_step_matches_the_estimate(tmp_path):
     every position (trl/trainer/utils.py ``add_fused_lm_head``: ``compact`` only on Triton
     devices), as the estimate counts DPO's tokens; on a GPU it scores the completions only."""
     pytest.importorskip("trl")
-    from datasets import Dataset
-    from transformers import AutoTokenizer
     from trl import DPOConfig, DPOTrainer
 
     seq, micro = 256, 2
@@ -215,12 +229,7 @@ def test_trl_dpo_trainer_step_matches_the_estimate(tmp_path):
         )
     # TRL's own defaults otherwise: bf16, gradient checkpointing, the fused LM head
     args = DPOConfig(**_two_quiet_cpu_steps(tmp_path / "out", micro), max_length=seq)
-    trainer = DPOTrainer(
-        model=str(model_dir),
-        args=args,
-        train_dataset=Dataset.from_list(rows),
-        processing_class=AutoTokenizer.from_pretrained(model_dir),
-    )
+    trainer = _trl_trainer(DPOTrainer, model_dir, args, rows)
     assert args.gradient_checkpointing and args.bf16 and trainer.ref_model is not None
     measured = _measured_peak(trainer, trainer.model, trainer.ref_model)
 
@@ -238,8 +247,6 @@ def test_trl_sft_trainer_step_matches_the_estimate(tmp_path):
     fallback is set aside (``_torch_fallback_tiles``). Every position of a plain-text row is a
     label, so the CPU's head scores the same tokens as a GPU's."""
     pytest.importorskip("trl")
-    from datasets import Dataset
-    from transformers import AutoTokenizer
     from trl import SFTConfig, SFTTrainer
 
     seq, micro = 512, 4
@@ -248,12 +255,7 @@ def test_trl_sft_trainer_step_matches_the_estimate(tmp_path):
     # each micro batch: one row cut at max_length, three shorter ones
     rows = [{"text": _words(seq + 64 if k % 4 == 0 else 150 + 40 * k, k)} for k in range(2 * micro)]
     args = SFTConfig(**_two_quiet_cpu_steps(tmp_path / "out", micro), max_length=seq)
-    trainer = SFTTrainer(
-        model=str(model_dir),
-        args=args,
-        train_dataset=Dataset.from_list(rows),
-        processing_class=AutoTokenizer.from_pretrained(model_dir),
-    )
+    trainer = _trl_trainer(SFTTrainer, model_dir, args, rows)
     assert args.gradient_checkpointing and args.bf16 and not args.packing
     assert max(len(ids) for ids in trainer.train_dataset["input_ids"]) == seq
     measured = _measured_peak(trainer, trainer.model)
@@ -302,8 +304,6 @@ def test_trl_grpo_trainer_step_matches_the_estimate(tmp_path, monkeypatch):
     completions only (``add_fused_lm_head``: ``compact``); the estimate that scores what this CPU
     scored is within 3 % as well."""
     pytest.importorskip("trl")
-    from datasets import Dataset
-    from transformers import AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
 
     from zerofit.memory import losses
@@ -325,13 +325,7 @@ def test_trl_grpo_trainer_step_matches_the_estimate(tmp_path, monkeypatch):
     def reward(completions, **_):
         return [float(len(text)) for text in completions]
 
-    trainer = GRPOTrainer(
-        model=str(model_dir),
-        reward_funcs=reward,
-        args=args,
-        train_dataset=Dataset.from_list(rows),
-        processing_class=AutoTokenizer.from_pretrained(model_dir),
-    )
+    trainer = _trl_trainer(GRPOTrainer, model_dir, args, rows, reward_funcs=reward)
     assert args.gradient_checkpointing and args.bf16 and trainer.ref_model is None
     measured = _measured_peak(trainer, trainer.model)
 
