@@ -354,17 +354,10 @@ def together(results: dict[str, dict]) -> dict:
     held_out = [result for name, result in results.items() if name != DATA.name]
     rows = [row for result in held_out for row in result["rows"]]
 
-    def total(outcome: str, predicted: str) -> int:
-        # the per-set confusion matrices (evaluate), added up
-        return sum(result["matrix"][outcome][predicted] for result in held_out)
-
     return {
         "sets": [name for name in results if name != DATA.name],
         "evaluated": sum(result["evaluated"] for result in held_out),
-        "ooms_caught": total("oom", "predicted_oom"),
-        "ooms": total("oom", "predicted_oom") + total("oom", "predicted_fits"),
-        "runs_fitting": total("ran", "predicted_fits"),
-        "runs": total("ran", "predicted_oom") + total("ran", "predicted_fits"),
+        **verdict_counts(rows),
         "by_caveats": {
             "no caveat": verdict_counts([row for row in rows if not row["caveated"]]),
             "caveated": verdict_counts([row for row in rows if row["caveated"]]),

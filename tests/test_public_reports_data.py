@@ -210,8 +210,8 @@ def test_the_margin_sweep_finds_the_limits_of_one_uniform_margin():
 
 
 def test_the_pooled_counts_split_by_whether_the_record_names_open_facts():
-    """`together` counts the held-out rows twice more: those whose record lists nothing its
-    report leaves open, and those with caveats; an unevaluable row counts in neither."""
+    """`together` counts the held-out rows, then again split into those whose record lists
+    nothing its report leaves open and those with caveats; an unevaluable row counts nowhere."""
     bench = _bench()
     rows = [
         {**_row("ran", 5.0), "fits": True, "caveated": False},
@@ -220,13 +220,9 @@ def test_the_pooled_counts_split_by_whether_the_record_names_open_facts():
         {**_row("ran", -2.0), "fits": False, "caveated": True},
         {"status": "error", "outcome": "oom", "id": "not evaluable", "caveated": True},
     ]
-    matrix = {
-        "oom": {"predicted_oom": 1, "predicted_fits": 1},
-        "ran": {"predicted_oom": 1, "predicted_fits": 1},
-    }
-    summary = bench.together(
-        {"public_reports_holdout_x.jsonl": {"rows": rows, "matrix": matrix, "evaluated": 4}}
-    )
+    summary = bench.together({"public_reports_holdout_x.jsonl": {"rows": rows, "evaluated": 4}})
+    assert (summary["ooms_caught"], summary["ooms"]) == (1, 2)
+    assert (summary["runs_fitting"], summary["runs"]) == (1, 2)
     assert summary["by_caveats"] == {
         "no caveat": {"ooms_caught": 1, "ooms": 1, "runs_fitting": 1, "runs": 1},
         "caveated": {"ooms_caught": 0, "ooms": 1, "runs_fitting": 0, "runs": 1},
