@@ -12,8 +12,8 @@ import dataclasses
 import math
 
 import pytest
-
 from memory_shapes import QWEN25_05B, QWEN25_7B
+
 from zerofit.memory import param_layout as pl
 from zerofit.models.resolve import resolve_model
 
@@ -81,3 +81,15 @@ def test_checkpointing_brings_the_last_layer_back_sooner():
     plain = pl.zero3_kept_gathered_elements(model, distance, checkpointing=False)
     recomputed = pl.zero3_kept_gathered_elements(model, distance, checkpointing=True)
     assert recomputed - plain >= first
+
+
+@pytest.mark.parametrize("world", [2, 3, 8, 100, 5000])
+def test_the_distinct_rows_are_every_rank_row_the_layout_has(world):
+    """The estimate reads at most two rows per parameter, whatever the world size; they are
+    exactly the rows that occur among all ranks (ranks past the last element hold nothing)."""
+    for model in (QWEN25_05B, QWEN25_7B):
+        every = set(pl.zero12_rank_grads(model, world)) - {(0, 0)}
+        assert set(pl.zero12_distinct_rank_grads(model, world)) == every
+    assert len(pl.zero12_distinct_rank_grads(QWEN25_7B, 10**8)) <= 2 * len(
+        pl.ordered_param_numels(QWEN25_7B)
+    )

@@ -23,7 +23,9 @@ order is what matters for where the boundaries fall.
 
 from __future__ import annotations
 
+import bisect
 import functools
+import itertools
 import math
 
 
@@ -64,19 +66,18 @@ def _layer_weights(model) -> list[int]:
     return attention + mlp
 
 
-def _overlaps(sizes: list[int], world: int) -> list[list[int]]:
-    """For each rank, the elements of each parameter that fall in its partition (0 if none)."""
-    total = sum(sizes)
-    part = math.ceil(total / world)
-    out = []
-    for rank in range(world):
-        lo, hi = rank * part, (rank + 1) * part
-        start, row = 0, []
-        for size in sizes:
-            row.append(max(0, min(hi, start + size) - max(lo, start)))
-            start += size
-        out.append(row)
-    return out
+def _rank_row(sizes: list[int], starts: list[int], lo: int, hi: int) -> tuple[int, int]:
+    """``(gradient buffer elements, largest slice)`` of the partition ``[lo, hi)``: the full size
+    of every parameter overlapping it and the largest part of one inside it."""
+    buffer = largest = 0
+    index = max(0, bisect.bisect_right(starts, lo) - 1)
+    while index < len(sizes) and starts[index] < hi:
+        inside = min(hi, starts[index] + sizes[index]) - max(lo, starts[index])
+        if inside > 0:
+            buffer += sizes[index]
+            largest = max(largest, inside)
+        index += 1
+    return buffer, largest
 
 
 # The planner estimates dozens of candidates of one model: each layout is computed once
@@ -86,19 +87,39 @@ def zero12_rank_grads(model, world: int) -> tuple[tuple[int, int], ...]:
     """Per rank, ``(gradient buffer elements, largest slice)``: the full size of every parameter
     overlapping the rank's partition (``copy_grads_in_partition``) and the largest slice one
     parameter has inside it, what the gradient norm converts to fp64 at once
-    (``get_grad_norm_direct``)."""
+    (``get_grad_norm_direct``). One row per rank: for a few ranks (tests, the probe); the
+    estimate uses ``zero12_distinct_rank_grads``, whose size does not grow with the world."""
     if world <= 1:
         return ((model.params, max(ordered_param_numels(model))),)
     sizes = ordered_param_numels(model)
+    starts = list(itertools.accumulate([0] + sizes[:-1]))
+    part = math.ceil(sum(sizes) / world)
+    return tuple(_rank_row(sizes, starts, rank * part, (rank + 1) * part) for rank in range(world))
+
+
+@functools.lru_cache(maxsize=256)
+def zero12_distinct_rank_grads(model, world: int) -> tuple[tuple[int, int], ...]:
+    """The rows of ``zero12_rank_grads`` that can differ, at most two per parameter whatever the
+    world size: a rank is either cut by a parameter's start (the rank holding each start) or
+    lies inside one parameter, where every such rank has the same row (the rank after the
+    start's is one), or is the last rank with elements; ranks past the elements hold nothing."""
+    if world <= 1:
+        return zero12_rank_grads(model, world)
+    sizes = ordered_param_numels(model)
+    starts = list(itertools.accumulate([0] + sizes[:-1]))
+    part = math.ceil(sum(sizes) / world)
+    ranks = {start // part + step for start in starts for step in (0, 1)}
+    ranks.add((sum(sizes) - 1) // part)
     return tuple(
-        (sum(size for size, inside in zip(sizes, row) if inside), max(row))
-        for row in _overlaps(sizes, world)
+        _rank_row(sizes, starts, rank * part, (rank + 1) * part)
+        for rank in sorted(ranks)
+        if rank < world
     )
 
 
 def zero12_grad_buffer_elements(model, world: int) -> int:
     """Elements of the largest ZeRO-1/2 gradient buffer on any rank."""
-    return max(buffer for buffer, _ in zero12_rank_grads(model, world))
+    return max(buffer for buffer, _ in zero12_distinct_rank_grads(model, world))
 
 
 @functools.lru_cache(maxsize=256)

@@ -11,8 +11,8 @@ import math
 from zerofit.memory import pinned
 from zerofit.memory.param_layout import (
     zero3_kept_gathered_elements,
+    zero12_distinct_rank_grads,
     zero12_grad_buffer_elements,
-    zero12_rank_grads,
 )
 
 FP32 = 4
@@ -192,7 +192,7 @@ def step_buffers(model, s, b: int, buckets: dict, optimizer: str = "adamw_torch"
     # the averaged bit16 grads are still referenced until the fp32 copy exists
     # (with accumulation they are already counted among the resident states)
     # per rank: the gradient buffer it holds until the fp32 copy exists, and its largest slice
-    ranks = [(shard, 0)] if s.stage == 0 else zero12_rank_grads(model, n)
+    ranks = [(shard, 0)] if s.stage == 0 else zero12_distinct_rank_grads(model, n)
 
     def before_cast(buffer: int, largest_slice: int) -> dict[str, int]:
         held = {"gradients": buffer * b} if s.grad_accum == 1 else {}
