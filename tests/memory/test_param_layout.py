@@ -85,11 +85,11 @@ def test_checkpointing_brings_the_last_layer_back_sooner():
 
 @pytest.mark.parametrize("world", [2, 3, 8, 100, 5000])
 def test_the_distinct_rows_are_every_rank_row_the_layout_has(world):
-    """The estimate reads at most two rows per parameter, whatever the world size; they are
-    exactly the rows that occur among all ranks (ranks past the last element hold nothing)."""
+    """The estimate reads at most two rows per parameter and the last rank's, whatever the world
+    size; they are exactly the rows that occur among all ranks (ranks past the last element hold
+    nothing)."""
     for model in (QWEN25_05B, QWEN25_7B):
         every = set(pl.zero12_rank_grads(model, world)) - {(0, 0)}
         assert set(pl.zero12_distinct_rank_grads(model, world)) == every
-    assert len(pl.zero12_distinct_rank_grads(QWEN25_7B, 10**8)) <= 2 * len(
-        pl.ordered_param_numels(QWEN25_7B)
-    )
+    parameters = len(pl.ordered_param_numels(QWEN25_7B))
+    assert len(pl.zero12_distinct_rank_grads(QWEN25_7B, 10**8)) <= 2 * parameters + 1

@@ -99,10 +99,11 @@ def zero12_rank_grads(model, world: int) -> tuple[tuple[int, int], ...]:
 
 @functools.lru_cache(maxsize=256)
 def zero12_distinct_rank_grads(model, world: int) -> tuple[tuple[int, int], ...]:
-    """The rows of ``zero12_rank_grads`` that can differ, at most two per parameter whatever the
-    world size: a rank is either cut by a parameter's start (the rank holding each start) or
-    lies inside one parameter, where every such rank has the same row (the rank after the
-    start's is one), or is the last rank with elements; ranks past the elements hold nothing."""
+    """The rows of ``zero12_rank_grads`` that can differ: two per parameter and one more,
+    whatever the world size. A rank is either cut by a parameter's start (the rank holding each
+    start), or lies inside one parameter, where every such rank has the same row (the rank after
+    the start's is one), or is the last rank with elements; ranks past the elements hold
+    nothing."""
     if world <= 1:
         return zero12_rank_grads(model, world)
     sizes = ordered_param_numels(model)
