@@ -653,7 +653,7 @@ def test_slurm_names_the_node_whose_task_failed(tmp_path) -> None:
     (bin_dir / "srun").write_text(
         FAKE_SRUN.replace(
             "#!/usr/bin/env bash",
-            "#!/usr/bin/env bash\nexec > >(tee -a " f"{tmp_path}/logs/zerofit-9-node1.log) 2>&1",
+            "#!/usr/bin/env bash\nexec >>" f"{tmp_path}/logs/zerofit-9-node1.log 2>&1",
         )
     )
     (bin_dir / "scontrol").write_text("#!/usr/bin/env bash\necho n1\n")

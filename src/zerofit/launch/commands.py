@@ -1,8 +1,9 @@
-"""Multi-node launch: one LaunchSpec -> the command list and environment of every node, in each dialect.
+"""Multi-node launch: one LaunchSpec -> the command list and environment of every node, in each
+dialect.
 
 Pure: nothing here runs a process, reads a file or looks at the environment. The four values that
 every node must agree on (node count, main address, main port, processes per node) live in one
-frozen spec, so the per-node commands cannot disagree; `launch_render` turns them into scripts.
+frozen spec, so the per-node commands cannot disagree; `render.py` turns them into scripts.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import ipaddress
 import re
 import shlex
 from dataclasses import dataclass
+
 from zerofit.errors import ZerofitError
 
 STYLES = ("accelerate", "torchrun", "torchrun-static", "env", "slurm", "deepspeed")
@@ -251,7 +253,7 @@ def build_remote_env(spec: LaunchSpec) -> tuple[tuple[str, str], ...]:
 
 
 def rdzv_endpoint(addr: str, port: int | str) -> str:
-    """``host:port``; IPv6 addresses get the brackets torchrun expects; ShellVars stay expandable."""
+    """``host:port``; IPv6 addresses get torchrun's brackets; ShellVars stay expandable."""
     if isinstance(addr, ShellVar) or isinstance(port, ShellVar):
         return ShellVar(f'"{addr.strip(chr(34))}:{str(port).strip(chr(34))}"')
     return f"[{addr}]:{port}" if ":" in addr else f"{addr}:{port}"
@@ -337,6 +339,30 @@ def build_rank_env(spec: LaunchSpec, node_rank: int, local_rank: int) -> dict[st
         "LOCAL_RANK": str(local_rank),
         "LOCAL_WORLD_SIZE": str(spec.procs_per_node),
     }
+
+
+def build_doctor_cmd(spec: LaunchSpec, log_dir: str) -> list[str]:
+    """`zerofit doctor --allocation` for every node of a Slurm job; the reports go to ``log_dir``.
+
+    ``log_dir`` passed validate_spec (letters, digits, ``_./-``), so double quotes hold it.
+    """
+    cmd = [
+        spec.python,
+        "-m",
+        "zerofit",
+        "doctor",
+        "--allocation",
+        ShellVar(f'"{log_dir}/doctor-$SLURM_JOB_ID"'),
+        "--main-addr",
+        ShellVar('"$MAIN_ADDR"'),
+        "--main-port",
+        ShellVar('"$MAIN_PORT"'),
+        "--timeout",
+        str(min(spec.timeout, 120)),
+    ]
+    if spec.config_files:
+        cmd += ["--config", spec.config_files[0]]
+    return cmd
 
 
 def build_env_cmd(spec: LaunchSpec) -> list[str]:
