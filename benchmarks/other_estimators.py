@@ -1,12 +1,13 @@
 """The other memory estimators users have, on zerofit's public reports, side by side with zerofit.
 
 The reports are the ones benchmarks/public_reports.py judges zerofit on: the developed-on set
-tests/data/public_reports.jsonl and the held-out sets tests/data/public_reports_holdout_*.jsonl
-(pooled here). Each tool gets the report's model, GPU, world size, ZeRO stage, offload and
-precision, and says whether the run fits one GPU; that verdict is set against what really
-happened (OOM or ran). For each set the script prints, per tool, the reports it judged, the OOMs
-it caught (predicted not to fit), the runs that worked it predicted to fit, and the reports it
-cannot judge; then, per tool, the reports where its verdict and zerofit's differ, by id.
+tests/data/public_reports.jsonl and the held-out reports tests/data/public_reports_holdout.jsonl
+(every collected batch pooled here). Each tool gets the report's model, GPU, world size, ZeRO
+stage, offload and precision, and says whether the run fits one GPU; that verdict is set
+against what really happened (OOM or ran). For each set the script prints, per tool, the reports
+it judged, the OOMs it caught (predicted not to fit), the runs that worked it predicted to fit,
+and the reports it cannot judge; then, per tool, the reports where its verdict and zerofit's
+differ, by id.
 
 How each tool's verdict is formed: predicted to fit = the tool's per-GPU number <= the GPU's
 memory as torch reports it (zerofit.hardware's GpuSpec.memory_gib, 1 GiB = 1024**3 bytes), and,
@@ -257,7 +258,7 @@ def evaluate_tools(reports: list[dict]) -> dict:
     known = public_reports.answer_fields()
     zerofit_rows = public_reports.evaluate(reports)["rows"]
     rows = []
-    for report, zrow in zip(reports, zerofit_rows):
+    for report, zrow in zip(reports, zerofit_rows, strict=True):
         gpu = report["answers"]["gpu"]
         try:
             capacity = lookup(gpu).memory_gib
@@ -395,7 +396,7 @@ def render(groups: dict[str, dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Evaluate every tool on the developed-on set and the pooled held-out sets (or on each
+    """Evaluate every tool on the developed-on set and the pooled held-out batches (or on each
     ``--data`` file) and print the tables, or JSON."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", action="store_true", help="print machine-readable JSON")
@@ -404,17 +405,17 @@ def main(argv: list[str] | None = None) -> int:
         type=Path,
         action="append",
         help="a reports file (JSONL), judged as its own set; repeat for several (default: the "
-        "developed-on set, and the held-out sets pooled)",
+        "developed-on set, and the held-out set with its batches pooled)",
     )
     args = parser.parse_args(argv)
     if args.data:
         sets = {path.name: public_reports.load_reports(path) for path in args.data}
     else:
-        letters = "".join(p.stem.rsplit("_", 1)[-1] for p in public_reports.HOLDOUT)
-        held_out = [r for path in public_reports.HOLDOUT for r in public_reports.load_reports(path)]
+        held_out = public_reports.load_reports(public_reports.HOLDOUT)
+        batches = len({report["collected"] for report in held_out})
         sets = {
             f"developed-on set ({public_reports.DATA.name})": public_reports.load_reports(),
-            f"held-out sets {letters[0]}..{letters[-1]} pooled": held_out,
+            f"held-out set ({public_reports.HOLDOUT.name}, {batches} batches pooled)": held_out,
         }
     groups = {name: evaluate_tools(reports) for name, reports in sets.items()}
     if args.json:

@@ -1,9 +1,10 @@
 """zerofit's OOM verdict against public reports of real full fine-tunes.
 
 The reports are tests/data/public_reports.jsonl (the set the estimator was developed against)
-and the held-out sets tests/data/public_reports_holdout_*.jsonl (collected later by people who
-did not run the estimator, to judge it on reports it was not built on). Each set gets its own
-confusion matrix.
+and the held-out reports tests/data/public_reports_holdout.jsonl (collected later by people who
+did not run the estimator, to judge it on reports it was not built on). Each held-out record's
+``collected`` field numbers the batch it came in (1 first); each batch is a set of its own, and
+each set gets its own confusion matrix.
 
 Each report is a run someone described in public (GitHub issue, project README, recipe file): its
 configuration as zerofit Answers, and what really happened (OOM or ran, sometimes a measured
@@ -48,7 +49,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "tests" / "data" / "public_reports.jsonl"
-HOLDOUT = sorted((ROOT / "tests" / "data").glob("public_reports_holdout_*.jsonl"))
+HOLDOUT = ROOT / "tests" / "data" / "public_reports_holdout.jsonl"
 sys.path.insert(0, str(ROOT / "src"))  # the checkout's zerofit, not an older installed copy
 
 # How a measured number compares with the estimate:
@@ -82,6 +83,22 @@ def load_reports(path: Path = DATA) -> list[dict]:
     """Every report of the JSONL file, in file order."""
     with open(path, encoding="utf-8") as f:
         return [json.loads(line) for line in f if line.strip()]
+
+
+def report_sets(path: Path) -> dict[str, list[dict]]:
+    """A reports file as the sets it holds, by name: the whole file, or, when its records say
+    which batch they were collected in (``collected``), one set per batch in collection order."""
+    reports = load_reports(path)
+    batches = sorted({report["collected"] for report in reports if "collected" in report})
+    if not batches:
+        return {path.name: reports}
+    missing = [report["id"] for report in reports if "collected" not in report]
+    if missing:
+        raise SystemExit(f"{path}: records without a collected batch: {', '.join(missing)}")
+    return {
+        f"{path.name}, collected {batch}": [r for r in reports if r["collected"] == batch]
+        for batch in batches
+    }
 
 
 def answer_fields() -> set[str]:
@@ -234,7 +251,7 @@ def evaluate(reports: list[dict], proxies: dict[str, str] | None = None) -> dict
                     "caveats": caveats[row["id"]],
                 }
             )
-    measured = [m for r, p in zip(reports, rows) if (m := measured_error(r, p))]
+    measured = [m for r, p in zip(reports, rows, strict=True) if (m := measured_error(r, p))]
     dropped = sorted({name for row in rows for name in row["dropped"]})
     return {
         "reports": len(reports),
@@ -485,7 +502,8 @@ def main(argv: list[str] | None = None) -> int:
         "--data",
         type=Path,
         action="append",
-        help="a reports file (JSONL); repeat for several (default: the main and held-out sets)",
+        help="a reports file (JSONL), one set per collected batch; repeat for several (default: "
+        "the main and held-out sets)",
     )
     parser.add_argument(
         "--gpu-proxies",
@@ -495,8 +513,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     proxies = GPU_PROXIES if args.gpu_proxies else None
     results = {}
-    for path in args.data or [DATA, *HOLDOUT]:
-        results[path.name] = evaluate(load_reports(path), proxies)
+    for path in args.data or [DATA, HOLDOUT]:
+        for name, reports in report_sets(path).items():
+            results[name] = evaluate(reports, proxies)
     summary = together(results) if len(results) > 1 else None
     if args.json:
         extra = {"held_out_together": summary} if summary else {}

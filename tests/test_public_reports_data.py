@@ -1,6 +1,6 @@
 """The public-reports sets are well formed: tests/data/public_reports.jsonl (the set the
-estimator was developed against) and the held-out sets public_reports_holdout_*.jsonl
-(collected later, without running the estimator, to judge it on reports it was not built on).
+estimator was developed against) and tests/data/public_reports_holdout.jsonl (collected later,
+in numbered batches, without running the estimator, to judge it on reports it was not built on).
 
 Checks the data, not the estimator: every report has a source URL, a verbatim quote, a known
 outcome, its inferred fields named with a reason, and answers that load into Answers once the
@@ -19,13 +19,13 @@ import pytest
 from zerofit.errors import ZerofitError
 from zerofit.hardware import CATALOG, lookup
 from zerofit.memory.losses import LOSS_KERNELS
+from zerofit.memory.optimizers import OPTIMIZERS
 from zerofit.models.builtin import BUILTIN_CONFIGS
 from zerofit.planning.answers import Answers, answers_from_dict
-from zerofit.memory.optimizers import OPTIMIZERS
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "tests" / "data" / "public_reports.jsonl"
-HOLDOUT = sorted((ROOT / "tests" / "data").glob("public_reports_holdout_*.jsonl"))
+HOLDOUT = ROOT / "tests" / "data" / "public_reports_holdout.jsonl"
 MODELS = ROOT / "tests" / "data" / "public_report_models"
 
 # The memory model's new Answers fields (issue 8) and the values the data may hold for them.
@@ -50,7 +50,7 @@ def _load(path: Path) -> list[dict]:
 
 
 REPORTS = _load(DATA)
-HELD_OUT = [report for path in HOLDOUT for report in _load(path)]
+HELD_OUT = _load(HOLDOUT)
 EVERY_REPORT = REPORTS + HELD_OUT
 
 
@@ -66,6 +66,25 @@ def test_the_set_is_big_enough_and_mixed():
     assert workloads == {"sft", "dpo", "grpo"}
     assert len({r["id"] for r in EVERY_REPORT}) == len(EVERY_REPORT), "ids must be unique"
     assert len(HELD_OUT) >= 15 and {r["outcome"] for r in HELD_OUT} == {"oom", "ran"}
+
+
+def test_held_out_records_name_their_batch_in_collection_order():
+    """Every held-out record says which batch it was collected in (1, 2, ... in file order, no
+    gaps), so the benchmark judges each batch as a set of its own; the developed-on set has
+    none."""
+    batches = [report["collected"] for report in HELD_OUT]
+    assert all(isinstance(batch, int) for batch in batches)
+    assert batches == sorted(batches) and sorted(set(batches)) == list(range(1, max(batches) + 1))
+    assert not any("collected" in report for report in REPORTS)
+
+
+def test_the_benchmark_judges_each_collected_batch_as_a_set():
+    bench = _bench()
+    sets = bench.report_sets(HOLDOUT)
+    assert len(sets) == HELD_OUT[-1]["collected"]
+    assert [r["id"] for reports in sets.values() for r in reports] == [r["id"] for r in HELD_OUT]
+    assert next(iter(sets)) == "public_reports_holdout.jsonl, collected 1"
+    assert list(bench.report_sets(DATA)) == ["public_reports.jsonl"]
 
 
 @pytest.mark.parametrize("report", EVERY_REPORT, ids=by_id)
@@ -220,7 +239,8 @@ def test_the_pooled_counts_split_by_whether_the_record_names_open_facts():
         {**_row("ran", -2.0), "fits": False, "caveated": True},
         {"status": "error", "outcome": "oom", "id": "not evaluable", "caveated": True},
     ]
-    summary = bench.together({"public_reports_holdout_x.jsonl": {"rows": rows, "evaluated": 4}})
+    held_out = {"public_reports_holdout.jsonl, collected 1": {"rows": rows, "evaluated": 4}}
+    summary = bench.together(held_out)
     assert (summary["ooms_caught"], summary["ooms"]) == (1, 2)
     assert (summary["runs_fitting"], summary["runs"]) == (1, 2)
     assert summary["by_caveats"] == {

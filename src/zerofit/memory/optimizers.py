@@ -61,7 +61,7 @@ def step_temporary_bytes(
     - foreach in older torch releases (``adamw_torch_legacy``): ``_multi_tensor_adamw`` took
       ``denom = torch._foreach_add(exp_avg_sq_sqrt, eps)``, a second list of the same size next
       to the square roots: 8 B per element. Public OOM tracebacks stop on exactly that line
-      (tests/data/public_reports_holdout_b.jsonl: b-swift411), so reports from that era use it.
+      (tests/data/public_reports_holdout.jsonl: b-swift411), so reports from that era use it.
     - for-loop (``_single_tensor_adam``): ``denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt)``
       keeps the sqrt and the quotient of one tensor alive together: 2 x 4 B x the largest tensor.
     - torch fused (``_fused_adam`` -> ``torch._fused_adamw_``) and DeepSpeed FusedAdam
