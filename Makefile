@@ -26,7 +26,13 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m pip install -q -c constraints.txt -e '.[test]'
 	touch $(STAMP)
 
+# DeepSpeed's JIT ops are built once per venv, in the venv (not in ~/.cache/torch_extensions, which
+# every clone and venv of the machine shares and rebuilds for the others); a directory already set
+# in the environment wins.
+EXTENSIONS_DIR := $(CURDIR)/.venv/torch_extensions
+
 demo: export PATH := $(CURDIR)/.venv/bin:$(PATH)
+demo: export TORCH_EXTENSIONS_DIR ?= $(EXTENSIONS_DIR)
 demo: $(STAMP)
 	$(PY) -m zerofit.demo
 
@@ -47,6 +53,7 @@ cluster-deps:
 # One PATH for the whole run: DeepSpeed's JIT ops are rebuilt (~1 min) whenever the `ninja`
 # found first changes, and the venv's ninja differs from the system's.
 test: export PATH := $(CURDIR)/.venv/bin:$(PATH)
+test: export TORCH_EXTENSIONS_DIR ?= $(EXTENSIONS_DIR)
 test: $(STAMP) cluster-deps
 	$(PY) tests/warm_ops.py
 	$(PY) -m pytest -q -p no:cacheprovider --durations=15

@@ -1,4 +1,5 @@
-"""Shared fixtures: free TCP ports, Plans built directly from answers, tiny local model directories."""
+"""Shared fixtures: free TCP ports, Plans built directly from answers, tiny local model
+directories; DeepSpeed's op builds kept in the venv."""
 
 from __future__ import annotations
 
@@ -9,10 +10,23 @@ from pathlib import Path
 
 import pytest
 
+from zerofit.demo import clear_stale_build_locks, use_venv_extensions_dir
+
 REPO = Path(__file__).resolve().parents[1]
 # Tests never reach a model hub: a hub-looking model name must fail fast offline, not hang on DNS.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# DeepSpeed's JIT ops build in the venv's own directory (as under `make test`), for this process
+# and every launch the tests spawn (they pass os.environ on): not in ~/.cache/torch_extensions,
+# which other clones and venvs of the machine share and rebuild for one another.
+use_venv_extensions_dir()
+
+
+def pytest_sessionstart(session):
+    """A build lock left by an interrupted op build would hang every engine test: remove it."""
+    clear_stale_build_locks(
+        os.environ.get("TORCH_EXTENSIONS_DIR"), say=lambda line: print(f"conftest: {line}")
+    )
 
 
 # The H100 calibration points: the shared measurements when this machine has them, else the
@@ -49,12 +63,13 @@ def build_plan(
     grad_accum: int = 1,
     **answer_fields,
 ):
-    """A Plan made directly from Answers fields (no planner): stage/offload/micro taken from the answers.
+    """A Plan made directly from Answers fields (no planner): stage/offload/micro taken from the
+    answers.
 
     Unset knobs default to stage 2, no offload, micro batch 1, precision bf16.
     """
-    from zerofit.planning.answers import Answers, validate_answers
     from zerofit.hardware import lookup
+    from zerofit.planning.answers import Answers, validate_answers
     from zerofit.planning.plan import Plan
 
     answer_fields.setdefault("stage", 2)
@@ -91,7 +106,8 @@ def plan_factory():
 def write_tiny_model_dir(
     path: Path, hidden_size: int = 64, layers: int = 2, vocab_size: int = 128
 ) -> Path:
-    """A local Qwen2 model directory: config.json + a word-level tokenizer (no weights, no downloads)."""
+    """A local Qwen2 model directory: config.json + a word-level tokenizer (no weights, no
+    downloads)."""
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast, Qwen2Config
 

@@ -2,18 +2,22 @@
 
 Run: `.venv/bin/python tests/warm_ops.py`  (`make test` does this first).
 
-DeepSpeed JIT-compiles ops on first use into ~/.cache/torch_extensions (or $TORCH_EXTENSIONS_DIR):
-the shared-memory comm op (every distributed CPU run, ~50 s cold) and cpu_adam (optimizer
-offload, ~80 s cold). Paying that inside a timed test makes the engine tests flaky and slow, so
-this warms both. Idempotent: when the cache is warm it only loads the .so files (a few seconds).
+DeepSpeed JIT-compiles ops on first use into $TORCH_EXTENSIONS_DIR, which this script (like
+`make test`, `make demo` and tests/conftest.py) points at the venv's own `.venv/torch_extensions`
+when unset: torch's default, ~/.cache/torch_extensions, is shared by every clone and venv of the
+machine, which then rebuild the ops for one another. The ops: the shared-memory comm op (every
+distributed CPU run, ~50 s cold) and cpu_adam (optimizer offload, ~80 s cold). Paying that inside
+a timed test makes the engine tests flaky and slow, so this warms both, after removing a stale
+build lock (zerofit.demo.clear_stale_build_lock). Idempotent: when the cache is warm it only
+loads the .so files (a few seconds).
 """
 
 from __future__ import annotations
 
 import os
 import sys
-import time
-from pathlib import Path
+
+from zerofit.demo import load_deepspeed_op, use_venv_extensions_dir
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")  # silences DeepSpeed's accelerator-detection warning
 
@@ -22,52 +26,25 @@ os.environ.setdefault("DS_ACCELERATOR", "cpu")  # silences DeepSpeed's accelerat
 OPS = ("ShareMemCommBuilder", "CPUAdamBuilder")
 
 
-# torch's JIT build takes a lock file in the op's build directory and waits for it forever
-# (torch/utils/file_baton.py FileBaton.wait). A build killed midway (Ctrl-C during `make test`)
-# leaves the file behind, and every later run would hang here without a word. A cold build takes
-# 1-2 min (10 min seen on a loaded 2-core machine), so a lock older than this is stale.
-STALE_LOCK_S = 30 * 60
-
-
-def clear_stale_lock(op_name: str) -> None:
-    """Say when an op's build lock exists, and remove it when it is older than STALE_LOCK_S."""
-    from torch.utils.cpp_extension import _get_build_directory
-
-    lock = Path(_get_build_directory(op_name, verbose=False)) / "lock"
-    if not lock.exists():
-        return
-    age = time.time() - lock.stat().st_mtime
-    if age > STALE_LOCK_S:
-        lock.unlink(missing_ok=True)
-        print(f"warm_ops: removed {lock}, left by a build interrupted {age / 60:.0f} min ago")
-    else:
-        print(
-            f"warm_ops: waiting for {lock} (another build, or one interrupted "
-            f"{age / 60:.0f} min ago: delete the file if no other build runs)",
-            flush=True,
-        )
+def say(line: str) -> None:
+    print(f"warm_ops: {line}", flush=True)
 
 
 def warm(names=OPS) -> dict[str, float]:
     """Load (building if needed) each op; return seconds spent per op."""
-    from deepspeed.accelerator import get_accelerator
-
-    acc = get_accelerator()
     spent = {}
     for name in names:
-        start = time.perf_counter()
-        builder = acc.create_op_builder(name)
-        if builder is None:
-            print(f"warm_ops: {name} not available on {acc.device_name()}; skipped", flush=True)
+        seconds = load_deepspeed_op(name, say)
+        if seconds is None:
+            say(f"{name} not available on this accelerator; skipped")
             continue
-        clear_stale_lock(builder.name)  # the build directory is named after the op
-        builder.load(verbose=False)
-        spent[name] = round(time.perf_counter() - start, 1)
-        print(f"warm_ops: {name} ready in {spent[name]} s", flush=True)
+        spent[name] = round(seconds, 1)
+        say(f"{name} ready in {spent[name]} s")
     return spent
 
 
 if __name__ == "__main__":
+    say(f"DeepSpeed ops in {use_venv_extensions_dir() or 'torch default (~/.cache)'}")
     try:
         warm()
     except Exception as exc:  # a broken toolchain should not hide the real test results

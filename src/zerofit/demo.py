@@ -35,6 +35,105 @@ GRPO_LR = 6e-4  # lower than the recipe's default: noisy RL gradients, Adam move
 GRPO_BATCH = 64  # completions per step across both processes: 8 prompts x 8 generations
 
 
+# DeepSpeed JIT-compiles its C++ ops (torch.utils.cpp_extension.load) into $TORCH_EXTENSIONS_DIR,
+# by default ~/.cache/torch_extensions: one directory that every venv and clone of the user shares,
+# so each rebuilds the ops for the other. A directory inside the venv keeps one build per venv.
+EXTENSIONS_SUBDIR = "torch_extensions"
+# torch takes a `lock` file in an op's build directory around every build *and every load*, and
+# waits for it without a limit or a word (torch/utils/file_baton.py FileBaton.wait). A build killed
+# midway leaves the file behind. A lock is judged stale once it is older than this and no process
+# works in (or names) its build directory; where /proc cannot tell, after STALE_LOCK_BLIND_S.
+STALE_LOCK_S = 2 * 60
+STALE_LOCK_BLIND_S = 30 * 60
+# What each op the CPU runs load is, for the line printed before it compiles.
+OP_PURPOSE = {
+    "ShareMemCommBuilder": "the shared-memory collectives of every CPU run",
+    "CPUAdamBuilder": "cpu_adam, the optimizer of offloaded runs",
+}
+
+
+def use_venv_extensions_dir() -> str | None:
+    """Point TORCH_EXTENSIONS_DIR at ``<venv>/torch_extensions`` when unset and this Python runs
+    from a venv; return the directory torch will build in (None: torch's shared default)."""
+    if "TORCH_EXTENSIONS_DIR" not in os.environ and sys.prefix != sys.base_prefix:
+        os.environ["TORCH_EXTENSIONS_DIR"] = str(Path(sys.prefix) / EXTENSIONS_SUBDIR)
+    return os.environ.get("TORCH_EXTENSIONS_DIR")
+
+
+def build_is_running(build_dir: Path) -> bool | None:
+    """True when a process works in ``build_dir`` (ninja's cwd) or names it (the compiler's
+    arguments); None when /proc cannot be read (not Linux)."""
+    proc = Path("/proc")
+    if not (proc / "self" / "cmdline").exists():
+        return None
+    target = str(build_dir.resolve())
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cwd = os.readlink(entry / "cwd")
+            cmdline = (entry / "cmdline").read_bytes().decode(errors="replace")
+        except OSError:  # gone, or another user's process
+            continue
+        if cwd == target or cwd.startswith(target + os.sep) or target in cmdline:
+            return True
+    return False
+
+
+def clear_stale_build_lock(build_dir: Path, say=print) -> bool:
+    """Remove ``build_dir/lock`` when a build interrupted long ago left it (see STALE_LOCK_S), and
+    say so; say what is waited for when the lock may still be live. True when one was removed."""
+    lock = Path(build_dir) / "lock"
+    try:
+        age = time.time() - lock.stat().st_mtime
+    except FileNotFoundError:
+        return False
+    running = build_is_running(Path(build_dir))
+    limit = STALE_LOCK_BLIND_S if running is None else STALE_LOCK_S
+    if not running and age > limit:
+        lock.unlink(missing_ok=True)
+        say(f"removed {lock}: left by a build interrupted {age / 60:.0f} min ago")
+        return True
+    say(
+        f"waiting for {lock} ({age / 60:.0f} min old): another build of this op is running; "
+        "if none is, delete the file"
+    )
+    return False
+
+
+def clear_stale_build_locks(extensions_dir: str | os.PathLike | None, say=print) -> int:
+    """clear_stale_build_lock for every op under ``extensions_dir`` (``<dir>/<op>/lock``, or
+    ``<dir>/py311_cpu/<op>/lock`` in torch's default layout); returns how many were removed."""
+    if not extensions_dir or not Path(extensions_dir).is_dir():
+        return 0
+    locks = [*Path(extensions_dir).glob("*/lock"), *Path(extensions_dir).glob("*/*/lock")]
+    return sum(clear_stale_build_lock(lock.parent, say) for lock in locks)
+
+
+def load_deepspeed_op(builder_name: str, say=print) -> float | None:
+    """Load one of DeepSpeed's JIT ops for the current accelerator, building it first when this
+    venv has no build (and saying so, with what it is for: a cold build is silent for a minute
+    or more); a stale lock from an interrupted build is removed first. Returns the seconds spent,
+    None when the accelerator has no such op."""
+    from deepspeed.accelerator import get_accelerator
+    from torch.utils.cpp_extension import _get_build_directory
+
+    started = time.perf_counter()
+    builder = get_accelerator().create_op_builder(builder_name)
+    if builder is None:
+        return None
+    build_dir = Path(_get_build_directory(builder.name, verbose=False))
+    clear_stale_build_lock(build_dir, say)
+    if not (build_dir / f"{builder.name}.so").exists():
+        purpose = OP_PURPOSE.get(builder_name, builder_name)
+        say(
+            f"building DeepSpeed's {builder.name} op ({purpose}; ~1 min, once per venv, "
+            f"in {build_dir.parent})..."
+        )
+    builder.load(verbose=False)
+    return time.perf_counter() - started
+
+
 def free_port() -> int:
     """A TCP port free on 127.0.0.1 right now."""
     with socket.socket() as s:
@@ -126,7 +225,7 @@ def task_accuracy(model_dir: Path) -> float:
         )
     texts = tok.batch_decode(out[:, enc.input_ids.shape[1] :])
     answers = [text.split(tok.eos_token)[0].strip() for text in texts]
-    right = [answer == str(a + b) for answer, (a, b) in zip(answers, pairs)]
+    right = [answer == str(a + b) for answer, (a, b) in zip(answers, pairs, strict=True)]
     return sum(right) / len(right)
 
 
@@ -163,6 +262,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from zerofit.hardware import detect_local_gpus
 
+    use_venv_extensions_dir()
     started = time.time()
     out = Path(args.out).resolve()
     shutil.rmtree(out, ignore_errors=True)
@@ -176,6 +276,8 @@ def main(argv: list[str] | None = None) -> int:
         f"({where})"
     )
 
+    if not gpu:  # the CPU runs' collectives need DeepSpeed's shm op: built here, not in silence
+        load_deepspeed_op("ShareMemCommBuilder", say=lambda line: print(line, flush=True))
     save_tiny_model(out / "model", args.seed)
     for workload in ("sft", "grpo"):
         cmd = build_config_cmd(out / "model", out / f"config-{workload}", gpu or "L4", workload)
