@@ -8,19 +8,15 @@ frozen spec, so the per-node commands cannot disagree; `render.py` turns them in
 
 from __future__ import annotations
 
-import ipaddress
 import re
 import shlex
 from dataclasses import dataclass
 
+from zerofit.addresses import check_address  # shared with `zerofit config`
 from zerofit.errors import ZerofitError
 
 STYLES = ("accelerate", "torchrun", "torchrun-static", "env", "slurm", "deepspeed")
 RDZV_BACKENDS = ("static", "c10d")
-_HOSTNAME = re.compile(
-    r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
-    r"(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$"
-)
 _JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _SLURM_TIME = re.compile(r"^(\d+-)?\d+(:\d{1,2}){0,2}$")
@@ -80,21 +76,6 @@ class LaunchSpec:
         if not self.config_files:
             return None
         return self.config_files[rank] if len(self.config_files) > 1 else self.config_files[0]
-
-
-def check_address(field: str, value: str) -> str:
-    """``value`` if it is an IP address or an RFC 1123 hostname, else ZerofitError."""
-    try:
-        return str(ipaddress.ip_address(value))
-    except ValueError:
-        pass
-    if not isinstance(value, str) or not _HOSTNAME.match(value):
-        raise ZerofitError(
-            field,
-            f"{value!r} is not an IP address or hostname",
-            "use e.g. 10.0.0.1 or node001 (letters, digits, '-', '.')",
-        )
-    return value
 
 
 def validate_spec(spec: LaunchSpec) -> LaunchSpec:
