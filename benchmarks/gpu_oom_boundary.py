@@ -109,7 +109,8 @@ def estimate_config(config: Config):
     tests/memory/test_estimate.py sets up a calibration point (one GPU, the accelerate stack's
     foreach AdamW, DeepSpeed's buckets); the trainer client as ``zerofit estimate --stack hf
     --stage 0 --weights-dtype bf16`` would, the Trainer's own default optimizer included."""
-    from zerofit.memory.estimate import DEEPSPEED_DEFAULT_BUCKETS, TrainSetup, estimate_memory
+    from zerofit.memory.ds_defaults import DEEPSPEED_DEFAULT_BUCKETS
+    from zerofit.memory.estimate import TrainSetup, estimate_memory
     from zerofit.models.resolve import resolve_model
 
     shared = dict(micro_batch=config.mbs, seq_len=config.seq, gradient_checkpointing=config.gc)

@@ -12,8 +12,8 @@ import pytest
 from conftest import calibration_points
 from memory_shapes import QWEN25_05B, QWEN25_7B, LLAMA31_70B
 from zerofit.memory import overheads as oh
+from zerofit.memory.ds_defaults import DEEPSPEED_DEFAULT_BUCKETS
 from zerofit.memory.estimate import (
-    DEEPSPEED_DEFAULT_BUCKETS,
     GIB,
     TrainSetup,
     estimate_memory,

@@ -95,7 +95,8 @@ def probes(tmp_path_factory) -> dict:
 
 def _estimate(record: dict, run: dict):
     """zerofit's estimate for ``run``'s model and DeepSpeed config on ``record``'s world."""
-    from zerofit.memory.estimate import DEEPSPEED_DEFAULT_BUCKETS, TrainSetup, estimate_memory
+    from zerofit.memory.ds_defaults import DEEPSPEED_DEFAULT_BUCKETS
+    from zerofit.memory.estimate import TrainSetup, estimate_memory
     from zerofit.models.resolve import spec_from_config
 
     zero = run["ds_config"]["zero_optimization"]

@@ -32,17 +32,6 @@ GIB = 1024**3
 CUDA_CONTEXT_BYTES = oh.CUDA_CONTEXT_BYTES
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 
-# DeepSpeed's own defaults (what the calibration runs used: no bucket keys in their JSON).
-DEEPSPEED_DEFAULT_BUCKETS = {
-    "reduce_bucket_size": 500_000_000,
-    "allgather_bucket_size": 500_000_000,
-    "stage3_prefetch_bucket_size": 50_000_000,
-    "stage3_param_persistence_threshold": 100_000,
-    "stage3_max_live_parameters": 1_000_000_000,
-    "stage3_max_reuse_distance": 1_000_000_000,
-    "sub_group_size": 1_000_000_000,
-}
-
 
 @dataclass(frozen=True)
 class TrainSetup:
@@ -93,11 +82,12 @@ class TrainSetup:
 
     def bucket_sizes(self, hidden_size: int) -> dict:
         """Bucket sizes in elements: explicit ones, else what zerofit writes, over DS defaults."""
-        if self.buckets is not None:
-            return {**DEEPSPEED_DEFAULT_BUCKETS, **self.buckets}
-        from zerofit.memory.ds_defaults import ds_bucket_sizes
+        # DeepSpeed's own defaults (what the calibration runs used: no bucket keys in their JSON)
+        from zerofit.memory.ds_defaults import deepspeed_default_buckets, ds_bucket_sizes
 
-        return {**DEEPSPEED_DEFAULT_BUCKETS, **ds_bucket_sizes(hidden_size, self.stage)}
+        if self.buckets is not None:
+            return {**deepspeed_default_buckets(), **self.buckets}
+        return {**deepspeed_default_buckets(), **ds_bucket_sizes(hidden_size, self.stage)}
 
     @property
     def uses_reference(self) -> bool:
