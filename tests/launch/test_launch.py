@@ -1,6 +1,7 @@
-"""zerofit.launch.commands / launch_config / launch_render and `zerofit launch`: exact commands per dialect, the validation
-rules, and the rendered scripts executed by bash against recording stand-ins for accelerate,
-torchrun, deepspeed, srun and scontrol (so quoting is proven, not eyeballed). No training here:
+"""zerofit.launch.commands / cluster_config / render and `zerofit launch`: exact commands per
+dialect, the validation rules, and the rendered scripts executed by bash against recording
+stand-ins for accelerate, torchrun, deepspeed, srun and scontrol (so quoting is proven, not
+eyeballed). No training here:
 tests/launch/test_multinode.py runs the scripts for real.
 
 Run: .venv/bin/python -m pytest tests/launch/test_launch.py -q   (~3 s)
@@ -20,6 +21,7 @@ import pytest
 
 from zerofit.cli.main import main
 from zerofit.errors import ZerofitError
+from zerofit.launch.cluster_config import build_accelerate_env, build_spec, validate_cluster_configs
 from zerofit.launch.commands import (
     LaunchSpec,
     build_accelerate_cmd,
@@ -28,7 +30,6 @@ from zerofit.launch.commands import (
     build_torchrun_cmd,
     validate_spec,
 )
-from zerofit.launch.cluster_config import build_accelerate_env, build_spec, validate_cluster_configs
 from zerofit.launch.render import render_hostfile, render_launch_files
 
 HOSTILE = "it's $(touch pwned); `id` \"x\""
@@ -244,9 +245,9 @@ def test_build_spec_merges_config_and_flags() -> None:
 RECORDER = """#!{python}
 import json, os, sys
 name = os.path.basename(sys.argv[0])
-env = {{k: os.environ.get(k) for k in ("RANK", "LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "MASTER_ADDR",
-       "MASTER_PORT", "ACCELERATE_USE_DEEPSPEED", "SLURM_NODEID", "DS_ENV_FILE", "ZF_SETUP",
-       "NCCL_SOCKET_IFNAME")}}
+env = {{k: os.environ.get(k) for k in ("RANK", "LOCAL_RANK", "NODE_RANK", "WORLD_SIZE",
+       "MASTER_ADDR", "MASTER_PORT", "ACCELERATE_USE_DEEPSPEED", "SLURM_NODEID", "DS_ENV_FILE",
+       "ZF_SETUP", "NCCL_SOCKET_IFNAME")}}
 with open(os.path.join(os.environ["RECORD_DIR"], f"{{name}}-{{os.getpid()}}.json"), "w") as fh:
     json.dump({{"argv": sys.argv[1:], "env": env, "cwd": os.getcwd()}}, fh)
 """
@@ -498,6 +499,7 @@ def remote_words(user_args: list[str], tmp_path: Path) -> list[str]:
     """The words a remote shell sees: DeepSpeed's own PDSHRunner.parse_user_args, joined as pdsh
     joins them, evaluated by `sh -c` (what ssh runs on the other host)."""
     from types import SimpleNamespace
+
     from deepspeed.launcher.multinode_runner import PDSHRunner
 
     runner = PDSHRunner(SimpleNamespace(user_args=user_args, user_script="train.py"), "")
@@ -527,6 +529,7 @@ def test_deepspeed_env_holds_what_remote_ranks_need_and_refuses_what_it_cannot_c
     tmp_path,
 ) -> None:
     from types import SimpleNamespace
+
     from deepspeed.launcher.multinode_runner import PDSHRunner
 
     s = spec(
@@ -708,3 +711,16 @@ def test_cli_slurm_flags_and_bad_values(tmp_path, capsys, monkeypatch) -> None:
         assert main(base + flags + ["--", "t.py"]) == 2
         err = capsys.readouterr().err
         assert err.startswith(f"zerofit: error: {field}:") and len(err.strip().splitlines()) == 1
+
+
+def test_launch_and_doctor_accept_the_config_commands_names_for_the_main_node(capsys) -> None:
+    """`zerofit config` says --main-process-ip/-port (accelerate's names); launch and doctor say
+    --main-addr/--main-port. Either spelling works in both."""
+    from zerofit.cli.main import build_parser
+
+    argv = ["launch", "--style", "torchrun", "--nodes", "2", "--gpus-per-node", "1"]
+    names = ["--main-process-ip", "10.1.1.1", "--main-process-port", "1234"]
+    assert main(argv + names + ["--", "t.py"]) == 0
+    assert "--rdzv_endpoint 10.1.1.1:1234" in capsys.readouterr().out
+    doctor = build_parser().parse_args(["doctor", *names])
+    assert (doctor.main_addr, doctor.main_port) == ("10.1.1.1", 1234)

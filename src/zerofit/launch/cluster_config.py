@@ -1,5 +1,5 @@
-"""accelerate.yaml (ClusterConfig) -> LaunchSpec: the config files' rules, their DeepSpeed environment,
-and the merge with command-line flags. Pure: the caller reads the YAML files.
+"""accelerate.yaml (ClusterConfig) -> LaunchSpec: the config files' rules, their DeepSpeed
+environment, and the merge with command-line flags. Pure: the caller reads the YAML files.
 """
 
 from __future__ import annotations
@@ -130,114 +130,122 @@ def build_accelerate_env(config: dict[str, Any]) -> dict[str, str]:
     return env
 
 
+def check_config_sizes(
+    shared: dict[str, Any], nodes: int | None, procs_per_node: int | None
+) -> tuple[int, int]:
+    """(nodes, processes per node) from accelerate.yaml; flags may restate them, not change them.
+
+    The DeepSpeed JSON's batch arithmetic was computed for the config's world size.
+    """
+    cfg_nodes = shared.get("num_machines", 1)
+    cfg_procs = shared.get("num_processes", 1) // cfg_nodes
+    for flag, given, expected in (
+        ("nodes", nodes, cfg_nodes),
+        ("gpus_per_node", procs_per_node, cfg_procs),
+    ):
+        if given is not None and given != expected:
+            raise ZerofitError(
+                flag,
+                f"{given} disagrees with accelerate.yaml ({expected}; num_processes there is"
+                " the total of all nodes)",
+                "regenerate with `zerofit config` or drop the flag",
+            )
+    return cfg_nodes, cfg_procs
+
+
+def merge_config(configs: list[dict[str, Any]], flags: dict[str, Any]) -> tuple[dict, list[str]]:
+    """``flags`` completed from accelerate.yaml(s), plus warnings where a flag overrides the file.
+
+    The address and port may be overridden (a warning says so); the sizes may not.
+    """
+    shared = validate_cluster_configs(configs)
+    merged = dict(flags)
+    merged["nodes"], merged["procs_per_node"] = check_config_sizes(
+        shared, flags.get("nodes"), flags.get("procs_per_node")
+    )
+    warnings = []
+    for name, key, cfg_key in (
+        ("main address", "main_addr", "main_process_ip"),
+        ("main port", "main_port", "main_process_port"),
+    ):
+        given, value = flags.get(key), shared.get(cfg_key)
+        if given is not None and value is not None and str(given) != str(value):
+            warnings.append(
+                f"{name}: using {given} from the command line, not {value} from accelerate.yaml"
+            )
+    merged["main_addr"] = flags.get("main_addr") or shared.get("main_process_ip")
+    if flags.get("main_port") is None:
+        merged["main_port"] = shared.get("main_process_port")
+    merged["use_deepspeed"] = shared.get("distributed_type") == "DEEPSPEED"
+    merged["accelerate_env"] = tuple(build_accelerate_env(shared).items())
+    if flags.get("rdzv_backend") is None:
+        merged["rdzv_backend"] = shared.get("rdzv_backend") or "static"
+    launcher = (shared.get("deepspeed_config") or {}).get("deepspeed_multinode_launcher") or "pdsh"
+    node_scripts = (flags.get("style") or "accelerate") == "accelerate"
+    if merged["use_deepspeed"] and merged["nodes"] > 1 and launcher != "standard" and node_scripts:
+        warnings.append(
+            f"accelerate.yaml sets deepspeed_multinode_launcher: {launcher}, which needs pdsh, "
+            "passwordless ssh and a hostfile; the node scripts pass "
+            "--deepspeed_multinode_launcher standard (torchrun on each node) instead"
+        )
+    return merged, warnings
+
+
+def default_main_addr(style: str, nodes: int, hostnames: tuple[str, ...]) -> str:
+    """The main address when no flag or accelerate.yaml gives one; ZerofitError if one is needed."""
+    if style == "deepspeed":
+        return hostnames[0] if hostnames else "node0"
+    if style == "slurm" or nodes == 1:
+        return "127.0.0.1"  # slurm reads the real one from scontrol at run time
+    raise ZerofitError(
+        "main_addr",
+        f"is needed for {nodes} nodes",
+        "pass --main-addr with node 0's address on the network the nodes share",
+    )
+
+
+def loopback_warnings(style: str, nodes: int, main_addr: str) -> list[str]:
+    """A multi-node main address only this machine can reach (fine for a local test)."""
+    loopback = main_addr == "localhost" or main_addr.startswith("127.") or main_addr == "::1"
+    if nodes == 1 or style == "slurm" or not loopback:
+        return []
+    return [
+        f"main address {main_addr} is loopback: only a single machine can reach it "
+        "(fine for a local test); pass --main-addr with node 0's address on the shared network"
+    ]
+
+
 def build_spec(
-    configs: list[dict[str, Any]] = (),
-    config_paths: tuple[str, ...] = (),
-    *,
-    style: str | None = None,
-    nodes: int | None = None,
-    procs_per_node: int | None = None,
-    main_addr: str | None = None,
-    main_port: int | None = None,
-    script: str = "",
-    script_args: tuple[str, ...] = (),
-    **extra: Any,
+    configs: list[dict[str, Any]] = (), config_paths: tuple[str, ...] = (), **flags: Any
 ) -> tuple[LaunchSpec, list[str]]:
     """Merge accelerate YAML(s) and flags into a validated spec, plus warnings for the user.
 
-    Flags may restate the config but not contradict its sizes: the DeepSpeed JSON's batch
-    arithmetic was computed for that world size. The address and port may be overridden.
+    ``flags`` are LaunchSpec fields (``style``, ``nodes``, ``procs_per_node``, ``main_addr``,
+    ``main_port``, ``script``, ``script_args``, ``job_id``, ...); None means not given. Flags may
+    restate the config but not contradict its sizes (see check_config_sizes).
     """
     warnings: list[str] = []
-    env: dict[str, str] = {}
-    use_ds = False
+    fields = dict(flags)
     if configs:
-        shared = validate_cluster_configs(list(configs))
-        cfg_nodes = shared.get("num_machines", 1)
-        cfg_procs = shared.get("num_processes", 1) // cfg_nodes
-        for flag, given, expected in (
-            ("nodes", nodes, cfg_nodes),
-            ("gpus_per_node", procs_per_node, cfg_procs),
-        ):
-            if given is not None and given != expected:
-                raise ZerofitError(
-                    flag,
-                    f"{given} disagrees with accelerate.yaml ({expected}; num_processes there is"
-                    " the total of all nodes)",
-                    "regenerate with `zerofit config` or drop the flag",
-                )
-        nodes, procs_per_node = cfg_nodes, cfg_procs
-        cfg_addr, cfg_port = shared.get("main_process_ip"), shared.get("main_process_port")
-        for name, flag, value in (
-            ("main address", main_addr, cfg_addr),
-            ("main port", main_port, cfg_port),
-        ):
-            if flag is not None and value is not None and str(flag) != str(value):
-                warnings.append(
-                    f"{name}: using {flag} from the command line, not {value} from accelerate.yaml"
-                )
-        main_addr = main_addr or cfg_addr
-        main_port = main_port if main_port is not None else cfg_port
-        use_ds = shared.get("distributed_type") == "DEEPSPEED"
-        env = build_accelerate_env(shared)
-        if extra.get("rdzv_backend") is None:
-            extra["rdzv_backend"] = shared.get("rdzv_backend") or "static"
-        launcher = (shared.get("deepspeed_config") or {}).get(
-            "deepspeed_multinode_launcher"
-        ) or "pdsh"
-        if (
-            use_ds
-            and nodes > 1
-            and launcher != "standard"
-            and (style or "accelerate") == "accelerate"
-        ):
-            warnings.append(
-                f"accelerate.yaml sets deepspeed_multinode_launcher: {launcher}, which needs pdsh, "
-                "passwordless ssh and a hostfile; the node scripts pass "
-                "--deepspeed_multinode_launcher standard (torchrun on each node) instead"
-            )
+        fields, warnings = merge_config(list(configs), fields)
+    nodes, procs_per_node = fields.get("nodes"), fields.get("procs_per_node")
     if nodes is None or procs_per_node is None:
         missing = "nodes" if nodes is None else "gpus_per_node"
         raise ZerofitError(
             missing, "is not given", "pass --nodes N --gpus-per-node M, or --config accelerate.yaml"
         )
-    style = style or ("accelerate" if configs else "torchrun")
+    style = fields["style"] = fields.get("style") or ("accelerate" if configs else "torchrun")
     if configs and style in ("accelerate", "slurm"):
         check_ds_file_conflicts(configs[0])
-    if extra.get("rdzv_backend") is None:
-        extra["rdzv_backend"] = "static"
-    hosts = tuple(extra.get("hostnames") or ())
-    if main_addr is None:
-        if style == "deepspeed":
-            main_addr = hosts[0] if hosts else "node0"
-        elif style == "slurm" or nodes == 1:
-            main_addr = "127.0.0.1"  # slurm reads the real one from scontrol at run time
-        else:
-            raise ZerofitError(
-                "main_addr",
-                f"is needed for {nodes} nodes",
-                "pass --main-addr with node 0's address on the network the nodes share",
-            )
-    if (
-        nodes > 1
-        and style != "slurm"
-        and (main_addr == "localhost" or str(main_addr).startswith("127.") or main_addr == "::1")
-    ):
-        warnings.append(
-            f"main address {main_addr} is loopback: only a single machine can reach it "
-            "(fine for a local test); pass --main-addr with node 0's address on the shared network"
-        )
-    spec = LaunchSpec(
-        nodes=nodes,
-        procs_per_node=procs_per_node,
-        main_addr=str(main_addr),
-        main_port=29500 if main_port is None else main_port,
-        script=script,
-        script_args=tuple(script_args),
-        style=style,
-        config_files=tuple(config_paths),
-        use_deepspeed=use_ds,
-        accelerate_env=tuple(env.items()),
-        **extra,
-    )
+    if fields.get("rdzv_backend") is None:
+        fields["rdzv_backend"] = "static"
+    hostnames = fields["hostnames"] = tuple(fields.get("hostnames") or ())
+    if fields.get("main_addr") is None:
+        fields["main_addr"] = default_main_addr(style, nodes, hostnames)
+    fields["main_addr"] = str(fields["main_addr"])
+    warnings += loopback_warnings(style, nodes, fields["main_addr"])
+    if fields.get("main_port") is None:
+        fields["main_port"] = 29500
+    fields["script_args"] = tuple(fields.get("script_args", ()))
+    spec = LaunchSpec(config_files=tuple(config_paths), **fields)
     return validate_spec(spec), warnings

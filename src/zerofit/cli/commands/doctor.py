@@ -1,4 +1,5 @@
-"""`zerofit doctor`: pre-flight checks on each node; `--serve`/`--connect` prove a port is reachable."""
+"""`zerofit doctor`: pre-flight checks on each node; `--serve`/`--connect` prove a port is
+reachable."""
 
 from __future__ import annotations
 
@@ -25,8 +26,10 @@ EXAMPLES = """examples:
 def register(sub) -> None:
     p = sub.add_parser(
         "doctor",
-        help="check this node before a (multi-node) job: versions, GPUs, disk, address, port, network",
-        description="Checks this node and prints pass / warn / fail with the fix for each. Exit 1 on any fail.",
+        help="check this node before a (multi-node) job: versions, GPUs, disk, address, port, "
+        "network",
+        description="Checks this node and prints pass / warn / fail with the fix for each. "
+        "Exit 1 on any fail.",
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -35,9 +38,19 @@ def register(sub) -> None:
         metavar="YAML",
         help="this node's accelerate.yaml (GPU count, main address/port)",
     )
-    p.add_argument("--main-addr", help="main node address (default: the config's main_process_ip)")
+    # `zerofit config` calls them --main-process-ip/-port (accelerate's names): both spellings work
     p.add_argument(
-        "--main-port", type=int, help="main node port (default: the config's main_process_port)"
+        "--main-addr",
+        "--main-process-ip",
+        dest="main_addr",
+        help="main node address (default: the config's main_process_ip)",
+    )
+    p.add_argument(
+        "--main-port",
+        "--main-process-port",
+        dest="main_port",
+        type=int,
+        help="main node port (default: the config's main_process_port)",
     )
     p.add_argument(
         "--node-rank", type=int, help="this node's rank (default: the config's machine_rank)"
@@ -76,7 +89,7 @@ def register(sub) -> None:
 
 
 def _load(path: str, what: str) -> dict:
-    """A --compare JSON report or a --config accelerate.yaml, as a mapping (ZerofitError otherwise)."""
+    """A --compare JSON report or a --config accelerate.yaml, as a mapping (else ZerofitError)."""
     import yaml
 
     try:
@@ -167,8 +180,13 @@ def _allocation(args, facts: dict) -> int:
 def run(args: argparse.Namespace) -> int:
     if args.serve is not None or args.connect:
         return _net(args)
-    from zerofit.doctor.checks import build_report, gather_facts, render_report, run_checks
-    from zerofit.doctor.checks import validate_config
+    from zerofit.doctor.checks import (
+        build_report,
+        gather_facts,
+        render_report,
+        run_checks,
+        validate_config,
+    )
 
     config = validate_config(_load(args.config, "config")) if args.config else None
     other = _load(args.compare, "compare") if args.compare else None

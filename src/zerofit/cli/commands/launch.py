@@ -1,4 +1,5 @@
-"""`zerofit launch`: the per-node launch commands (or slurm / deepspeed files) for one multi-node job."""
+"""`zerofit launch`: the per-node launch commands (or slurm / deepspeed files) for one multi-node
+job."""
 
 from __future__ import annotations
 
@@ -22,14 +23,30 @@ EXAMPLES = """examples:
 
 
 def register(sub) -> None:
+    """`zerofit launch` and its flags: the job's shape, each node's environment, slurm's extras."""
     p = sub.add_parser(
         "launch",
-        help="render the launch command of every node (accelerate, torchrun, env, slurm, deepspeed)",
-        description="Render one multi-node job in the dialect you use. Every node gets the same node count, "
-        "main address and port; only its rank differs. Without --out the files are printed.",
+        help="render the launch command of every node "
+        "(accelerate, torchrun, env, slurm, deepspeed)",
+        description="Render one multi-node job in the dialect you use. Every node gets the same "
+        "node count, main address and port; only its rank differs. Without --out the files are "
+        "printed.",
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    add_job_flags(p)
+    add_node_environment_flags(p)
+    add_slurm_flags(p.add_argument_group("slurm"))
+    p.add_argument("--out", metavar="DIR", help="write the files here instead of printing them")
+    p.add_argument("--force", action="store_true", help="overwrite existing files in --out")
+    p.add_argument(
+        "command", nargs="*", metavar="-- SCRIPT ARGS", help="training script and its arguments"
+    )
+    p.set_defaults(func=run)
+
+
+def add_job_flags(p) -> None:
+    """The job's shape: config, dialect, node count, main address and port, rendezvous."""
     p.add_argument(
         "--config",
         action="append",
@@ -50,9 +67,19 @@ def register(sub) -> None:
         metavar="M",
         help="processes per node (must match the config)",
     )
-    p.add_argument("--main-addr", help="address of node 0 that every node can reach")
+    # `zerofit config` calls them --main-process-ip/-port (accelerate's names): both spellings work
     p.add_argument(
-        "--main-port", type=int, help="free port on node 0 (default: the config's, else 29500)"
+        "--main-addr",
+        "--main-process-ip",
+        dest="main_addr",
+        help="address of node 0 that every node can reach",
+    )
+    p.add_argument(
+        "--main-port",
+        "--main-process-port",
+        dest="main_port",
+        type=int,
+        help="free port on node 0 (default: the config's, else 29500)",
     )
     p.add_argument(
         "--rdzv-id",
@@ -72,6 +99,10 @@ def register(sub) -> None:
     p.add_argument(
         "--hosts", help="comma-separated hostnames for the deepspeed hostfile, node 0 first"
     )
+
+
+def add_node_environment_flags(p) -> None:
+    """What every node runs in: interpreter, working directory, setup command, variables."""
     p.add_argument(
         "--python", default="python", help="interpreter of the env style (default: python)"
     )
@@ -99,7 +130,10 @@ def register(sub) -> None:
         metavar="IFACE",
         help="network interface the nodes share: sets NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME",
     )
-    slurm = p.add_argument_group("slurm")
+
+
+def add_slurm_flags(slurm) -> None:
+    """job.sbatch only: time limit, cores, requeue and resume, the doctor step."""
     slurm.add_argument(
         "--time", default="02:00:00", dest="time_limit", help="--time of the job (02:00:00)"
     )
@@ -134,12 +168,6 @@ def register(sub) -> None:
         action="store_false",
         help="skip the `zerofit doctor --allocation` step before training",
     )
-    p.add_argument("--out", metavar="DIR", help="write the files here instead of printing them")
-    p.add_argument("--force", action="store_true", help="overwrite existing files in --out")
-    p.add_argument(
-        "command", nargs="*", metavar="-- SCRIPT ARGS", help="training script and its arguments"
-    )
-    p.set_defaults(func=run)
 
 
 def _read_configs(paths: list[str]) -> list[dict]:
