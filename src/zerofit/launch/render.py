@@ -39,7 +39,7 @@ def shell_words(words: list[str] | tuple[str, ...]) -> str:
     return " ".join(shell_quote(w) for w in words)
 
 
-def shell_command(cmd: list[str], tail: int = 0, indent: str = "  ") -> str:
+def quote_cmd(cmd: list[str], tail: int = 0, indent: str = "  ") -> str:
     """A command over several lines: a flag and its value per line, the last ``tail`` words
     (the script and its arguments) together on the last line."""
     words = [shell_quote(w) for w in cmd]
@@ -76,7 +76,7 @@ def template_environment():
     env.filters.update(
         shell_quote=shell_quote,
         shell_words=shell_words,
-        shell_command=shell_command,
+        shell_command=quote_cmd,
         one_line=one_line,
     )
     return env
