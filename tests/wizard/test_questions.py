@@ -5,6 +5,8 @@ Run: .venv/bin/python -m pytest tests/wizard/test_questions.py -q
 
 from __future__ import annotations
 
+import socket
+
 import pytest
 
 from zerofit.planning.answers import Answers, answers_from_dict
@@ -19,12 +21,14 @@ from zerofit.wizard.questions import (
     nvme_question,
     override_question,
     settle,
+    shown_default,
     start_answers,
+    still_valid,
 )
 
 
-def qmap(base: Answers = Answers(), detected=(None, 0)):
-    return {q.name: q for q in build_questions(base, detected)}
+def qmap(base: Answers | None = None, detected=(None, 0)):
+    return {q.name: q for q in build_questions(base or Answers(), detected)}
 
 
 def answers(**changes) -> dict:
@@ -41,6 +45,7 @@ def test_order_follows_the_issue():
         "main_process_ip",
         "main_process_port",
         "launcher",
+        "host_ram_gib",
         "workload",
         "num_generations",
         "completion_len",
@@ -264,3 +269,41 @@ def test_override_questions():
         nvme.default == "/local_nvme"
         and nvme.validate("nvme", {}) == "an absolute path, e.g. /local_nvme"
     )
+
+
+def test_the_nodes_ram_is_asked_when_the_plan_is_for_other_machines():
+    """Offload is budgeted against the training nodes' RAM: this machine's MemTotal (what
+    host_ram_gib None means) says nothing about a cluster or a remote main node."""
+    q = qmap()["host_ram_gib"]
+    assert q.when(answers()) is False  # one node, this machine: its own MemTotal is right
+    assert q.when(answers(num_nodes=2)) is True
+    assert q.when(answers(main_process_ip="10.200.0.1")) is True  # one node elsewhere
+    assert q.when(answers(main_process_ip="localhost")) is False
+    assert q.when(answers(main_process_ip=socket.gethostname())) is False
+    assert q.validate("1024", {}) is True and q.validate("1.5e3", {}) is True
+    assert q.validate("", {}).startswith("enter the RAM of one training node in GiB")
+    assert q.validate("0", {}).startswith("use 1-")
+    assert q.convert(" 512 ") == 512.0
+    assert default_for(q, answers()) is None  # no guess: --defaults writes what `config` does
+    assert default_for(qmap(Answers(host_ram_gib=768.0))["host_ram_gib"], answers()) == 768.0
+
+
+def test_every_question_has_a_short_label_for_the_plan_menu():
+    assert all(q.label for q in build_questions(Answers()))
+
+
+def test_shown_default_is_the_choice_or_text_that_gives_the_answer():
+    qs = qmap(Answers(padding=True))
+    assert shown_default(qs["padding"], True) == "padded"
+    assert shown_default(qs["padding"], False) == "packed"
+    assert shown_default(qs["loss_kernel"], None) == "default"
+    assert shown_default(qs["weights_dtype"], None) == "fp32"
+    assert shown_default(qs["global_batch"], None) == ""
+    assert shown_default(qs["num_nodes"], 4) == "4"
+
+
+def test_still_valid_rechecks_an_answer_against_the_others():
+    q = qmap()["global_batch"]
+    assert still_valid(q, answers(global_batch=16, gpus_per_node=8, num_nodes=2)) is True
+    assert still_valid(q, answers(global_batch=16, gpus_per_node=8, num_nodes=4)) is False
+    assert still_valid(q, answers(global_batch=None, gpus_per_node=8, num_nodes=4)) is True

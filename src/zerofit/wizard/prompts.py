@@ -1,8 +1,8 @@
-"""The interactive wizard: questions -> questionary prompts, the plan review loop, and its rendering.
+"""The interactive wizard: questions -> questionary prompts, the plan review loop, its rendering.
 
-The only module that imports questionary. What to ask lives in zerofit.wizard.questions as data; this
-module asks it, turns the answers into Answers, shows the plan and lets the user override any
-decision. It writes nothing: the command writes the files once, at the very end.
+The only module that imports questionary. What to ask lives in zerofit.wizard.questions as data;
+this module asks it, turns the answers into Answers, shows the plan and lets the user override any
+decision or change any answer. It writes nothing: the command writes the files once, at the end.
 """
 
 from __future__ import annotations
@@ -13,9 +13,12 @@ from typing import Any, Callable, Sequence
 import questionary
 from questionary import Choice
 
-from zerofit.planning.answers import Answers, answers_from_dict
 from zerofit.errors import ZerofitError
+from zerofit.planning.answers import Answers, answers_from_dict
 from zerofit.wizard.questions import (
+    BACK,
+    BACK_TEXT,
+    BACK_TITLE,
     OVERRIDABLE,
     Question,
     apply_defaults,
@@ -24,6 +27,8 @@ from zerofit.wizard.questions import (
     nvme_question,
     override_question,
     settle,
+    shown_default,
+    still_valid,
     to_text,
 )
 
@@ -31,7 +36,8 @@ Planner = Callable[[Answers], Any]  # Answers -> zerofit.plan.Plan
 
 
 class LazyConsole:
-    """A rich Console built on first use (importing rich before the first prompt costs start-up time)."""
+    """A rich Console built on first use (importing rich before the first prompt costs start-up
+    time)."""
 
     def __init__(self, **kwargs: Any):
         self._kwargs, self._console = kwargs, None
@@ -56,31 +62,69 @@ class Terminal:
         return {k: v for k, v in (("input", self.input), ("output", self.output)) if v is not None}
 
 
-def prompt(q: Question, answers: dict, term: Terminal) -> Any:
-    """Ask one question; returns the Answers-typed value. Ctrl-C raises KeyboardInterrupt."""
-    message, default = message_for(q, answers), default_for(q, answers)
-    validate = lambda text: q.validate(text, answers)
+_UNSET = object()  # ``prompt``'s ``current`` when no earlier answer is to be shown
+_BACK_HINT = "type < and Enter to go back to the previous question"
+
+
+def select(message: str, choices: list[Choice], term: Terminal, default: Any = None) -> Any:
+    """A questionary select asked until one of ``choices`` is picked.
+
+    Esc then Enter ends questionary's select with an empty result instead of a choice; recording
+    it would fail Answers' validation questions later, so the same select is asked again here.
+    """
+    values = [choice.value for choice in choices]
+    while True:
+        picked = questionary.select(message, choices=choices, default=default, **term.io())
+        picked = picked.unsafe_ask()  # unsafe: Ctrl-C propagates instead of returning None
+        if picked not in ("", None) and picked in values:
+            return picked
+        back = " (or ← back)" if BACK in values else ""
+        term.console.print(f"[yellow]no choice picked: use the arrow keys and Enter{back}[/yellow]")
+
+
+def prompt(
+    q: Question, answers: dict, term: Terminal, current: Any = _UNSET, back: bool = False
+) -> Any:
+    """Ask one question; returns the Answers-typed value. Ctrl-C raises KeyboardInterrupt.
+
+    ``current``: an earlier answer, shown as the default instead of the question's own.
+    ``back``: offer going back ("← back" on a select, "<" typed into a text); returns BACK.
+    """
+    message = message_for(q, answers)
+    if current is _UNSET:
+        default = default_for(q, answers)
+        shown = default if q.kind in ("select", "confirm") else to_text(default)
+    else:
+        shown = shown_default(q, current)
     if q.kind == "select":
         choices = [Choice(title, value=value) for value, title in q.choices]
-        question = questionary.select(
-            message, choices=choices, default=_choice_default(q, default), **term.io()
-        )
-    elif q.kind == "confirm":
-        question = questionary.confirm(message, default=bool(default), **term.io())
-    elif q.kind == "autocomplete" and q.choices:
+        choices += [Choice(BACK_TITLE, value=BACK)] if back else []
+        picked = select(message, choices, term, default=_choice_default(q, shown))
+        return picked if picked is BACK else q.convert(picked)
+    if q.kind == "confirm":
+        question = questionary.confirm(message, default=bool(shown), **term.io())
+        return q.convert(question.unsafe_ask())
+
+    def validate(text: str) -> bool | str:
+        return True if back and text.strip() == BACK_TEXT else q.validate(text, answers)
+
+    extra = {"bottom_toolbar": _BACK_HINT} if back else {}
+    if q.kind == "autocomplete" and q.choices:
         question = questionary.autocomplete(
             message,
             choices=[name for name, _ in q.choices],
             meta_information={name: meta for name, meta in q.choices if meta},
-            default=to_text(default),
+            default=shown,
             validate=validate,
+            **extra,
             **term.io(),
         )
     else:
         question = questionary.text(
-            message, default=to_text(default), validate=validate, **term.io()
+            message, default=shown, validate=validate, **extra, **term.io()
         )
-    return q.convert(question.unsafe_ask())  # unsafe: Ctrl-C propagates instead of returning None
+    text = question.unsafe_ask()
+    return BACK if back and text.strip() == BACK_TEXT else q.convert(text)
 
 
 def _choice_default(q: Question, default: Any) -> Any:
@@ -88,86 +132,128 @@ def _choice_default(q: Question, default: Any) -> Any:
     return default if default in values else values[0]
 
 
-def ask_all(questions: Sequence[Question], answers: dict, term: Terminal) -> dict:
-    """Ask every question whose ``when`` holds, in order; a failed ``check`` re-asks the same one."""
-    answers = dict(answers)
-    i = 0
-    while i < len(questions):
-        q = questions[i]
-        if not q.when(answers):
-            i += 1
-            continue
-        value = prompt(q, answers, term)
+def ask_checked(
+    q: Question, answers: dict, term: Terminal, current: Any = _UNSET, back: bool = False
+) -> Any:
+    """``prompt`` until the answer passes the question's slow ``check``; prints its warning.
+    Returns BACK when the user goes back instead."""
+    while True:
+        value = prompt(q, answers, term, current, back)
+        if value is BACK:
+            return BACK
         ok = q.check(value) if q.check else True
-        if ok is not True:
-            term.console.print(f"[red]{ok}[/red]")
+        if ok is True:
+            break
+        term.console.print(f"[red]{ok}[/red]")
+    warning = q.warn(value, answers) if q.warn else None
+    if warning:
+        term.console.print(f"[yellow]warning: {warning}[/yellow]")
+    return value
+
+
+def ask_all(questions: Sequence[Question], answers: dict, term: Terminal) -> dict:
+    """Ask every question whose ``when`` holds, in order; a failed ``check`` re-asks the same one.
+
+    Every question after the first offers going back: the previous question asked comes again,
+    its answer as the default. A question whose ``when`` no longer holds keeps its starting
+    value, so going back and changing an answer ends where a fresh walk would.
+    """
+    start, answers = answers, dict(answers)
+    asked: list[int] = []  # positions answered, in order: where going back returns to
+    answered: set[str] = set()  # asked at least once: shown with the earlier answer
+    position = 0
+    while position < len(questions):
+        q = questions[position]
+        if not q.when(answers):
+            if q.name in start:
+                answers[q.name] = start[q.name]
+            answered.discard(q.name)
+            position += 1
             continue
-        warning = q.warn(value, answers) if q.warn else None
-        if warning:
-            term.console.print(f"[yellow]warning: {warning}[/yellow]")
+        current = answers[q.name] if q.name in answered else _UNSET
+        value = ask_checked(q, answers, term, current, back=bool(asked))
+        if value is BACK:
+            position = asked.pop()
+            continue
         answers[q.name] = value
-        i += 1
+        answered.add(q.name)
+        asked.append(position)
+        position += 1
     return answers
+
+
+def validated_answers(
+    answers: dict, questions: Sequence[Question], term: Terminal | None
+) -> Answers:
+    """Answers from ``answers``. A cross-field problem found by Answers validation (e.g. bf16 on a
+    GPU without it) re-asks that question instead of failing after the user answered everything;
+    without a terminal (``term`` None) it is raised."""
+    by_name = {q.name: q for q in questions}
+    answers = dict(answers)
+    while True:
+        try:
+            return answers_from_dict(answers)
+        except ZerofitError as err:
+            if term is None or err.field not in by_name:
+                raise
+            term.console.print(f"[red]{err.render()}[/red]")
+            answers[err.field] = ask_checked(by_name[err.field], answers, term)
 
 
 def collect_answers(
     questions: Sequence[Question], start: dict, term: Terminal | None, defaults: bool = False
 ) -> Answers:
-    """Answers from the questions: prompted, or every default when ``defaults`` (same walk either way).
-
-    A cross-field problem found by Answers validation (e.g. on the GPU list) re-asks that
-    question instead of failing after the user has answered everything.
-    """
-    answers = (
-        apply_defaults(questions, start)
-        if defaults
-        else settle(ask_all(questions, start, term), start)
-    )
-    by_name = {q.name: q for q in questions}
-    while True:
-        try:
-            return answers_from_dict(answers)
-        except ZerofitError as err:
-            if defaults or err.field not in by_name:
-                raise
-            term.console.print(f"[red]{err.render()}[/red]")
-            answers[err.field] = prompt(by_name[err.field], answers, term)
+    """Answers from the questions: prompted, or every default when ``defaults`` (same walk either
+    way)."""
+    if defaults:
+        return validated_answers(apply_defaults(questions, start), questions, None)
+    return validated_answers(settle(ask_all(questions, start, term), start), questions, term)
 
 
 # --- plan review -------------------------------------------------------------------------------
 
+CHANGE_ANSWER = "change an answer"  # the plan menu's value for "Change an answer ..."
 
-def review_plan(answers: Answers, planner: Planner, term: Terminal) -> tuple[Answers, Any] | None:
-    """Show the plan and let the user override decisions until they accept (None: quit).
 
-    A rejected override (Answers refuses the value, or the planner refuses the result) asks the
+def review_plan(
+    answers: Answers,
+    planner: Planner,
+    term: Terminal,
+    questions: Sequence[Question] = (),
+    start: dict | None = None,
+) -> tuple[Answers, Any] | None:
+    """Show the plan and let the user override decisions or change answers (``questions``, with
+    ``start`` the answers they started from) until they accept; None: quit.
+
+    A rejected change (Answers refuses the value, or the planner refuses the result) asks the
     same question again: going back to the menu would leave the cursor on "Accept and write the
     files", and the user's next Enter would write a plan they were still changing.
     """
-    previous, plan, again, last = None, None, None, None
+    plan = planner(answers)
+    show_plan(plan, term.console)
+    again = None
     while True:
-        try:
-            new_plan = planner(answers)
-        except ZerofitError as err:
-            if previous is None:
-                raise
-            term.console.print(f"[red]{err.render()}[/red] - override undone, choose again")
-            answers, previous, again = previous, None, last
-        else:
-            show_plan(new_plan, term.console, before=plan)
-            plan, again = new_plan, None
-        choice = (
-            again
-            or questionary.select(
-                "Accept this plan?", choices=_review_choices(plan), **term.io()
-            ).unsafe_ask()
-        )
+        choice = again or select("Accept this plan?", _review_choices(plan, questions), term)
+        again = None
         if choice == "accept":
             return answers, plan
         if choice == "quit":
             return None
-        previous, last = answers, choice
-        answers = ask_override(choice, answers, plan, term)
+        try:
+            if choice == CHANGE_ANSWER:
+                changed = change_answer(answers, questions, start or {}, term)
+            else:
+                changed = ask_override(choice, answers, plan, term)
+            if changed == answers:
+                continue  # nothing changed: the plan on screen still holds
+            new_plan = planner(changed)
+        except ZerofitError as err:
+            undone = "change" if choice == CHANGE_ANSWER else "override"
+            term.console.print(f"[red]{err.render()}[/red] - {undone} undone, choose again")
+            again = choice
+            continue
+        show_plan(new_plan, term.console, before=plan)
+        answers, plan = changed, new_plan
 
 
 def ask_override(name: str, answers: Answers, plan, term: Terminal) -> Answers:
@@ -184,11 +270,67 @@ def ask_override(name: str, answers: Answers, plan, term: Terminal) -> Answers:
             term.console.print(f"[red]{err.render()}[/red]")
 
 
-def _review_choices(plan) -> list[Choice]:
+def change_answer(
+    answers: Answers, questions: Sequence[Question], start: dict, term: Terminal
+) -> Answers:
+    """Pick one answer (nodes, GPUs, seq_len, ... what a suggestion names), ask it again, then
+    ask what the new value calls for (``ask_follow_ups``). ``answers`` unchanged on "← back"."""
+    names = start or {q.name: None for q in questions}
+    current = {name: getattr(answers, name) for name in names}
+    choices = [
+        Choice(f"{q.label or q.name}: {_show_answer(q, current)}", value=q.name)
+        for q in questions
+        if q.when(current)
+    ]
+    choices.append(Choice("← back to the plan", value=BACK))
+    name = select("Which answer?", choices, term)
+    if name is BACK:
+        return answers
+    changed = ask_follow_ups(questions, name, current, start, term)
+    return validated_answers(settle(changed, start) if start else changed, questions, term)
+
+
+def ask_follow_ups(
+    questions: Sequence[Question], name: str, answers: dict, start: dict, term: Terminal
+) -> dict:
+    """Ask question ``name`` again, then each later question the new answer calls for: one that
+    now applies and did not (2 nodes: the main address), or whose answer it invalidates (a
+    global batch no longer a multiple of the GPUs). One that no longer applies takes its
+    starting value, as in a fresh walk."""
+    before, answers = answers, dict(answers)
+    at = [q.name for q in questions].index(name)
+    answers[name] = ask_checked(questions[at], answers, term, current=answers[name])
+    for later in questions[at + 1 :]:
+        if not later.when(answers):
+            answers[later.name] = start.get(later.name, answers[later.name])
+        elif not later.when(before):
+            answers[later.name] = ask_checked(later, answers, term)
+        elif not still_valid(later, answers):
+            answers[later.name] = ask_checked(later, answers, term, current=answers[later.name])
+    return answers
+
+
+def _show_answer(q: Question, answers: dict) -> str:
+    """An answer as the "change an answer" list shows it: the choice picked, or the text typed."""
+    value = answers.get(q.name)
+    shown = shown_default(q, value)
+    if q.kind == "select" and shown is None:  # precision None: what the GPU gives
+        shown = default_for(q, answers)
+    return _show(shown) if shown not in ("", None) else "blank (planner decides)"
+
+
+def _review_choices(plan, questions: Sequence[Question] = ()) -> list[Choice]:
     choices = [Choice("Accept and write the files", value="accept")]
     for name, label in OVERRIDABLE.items():
         now = getattr(plan, name)
         choices.append(Choice(f"Change {label} (now {_show(now)})", value=name))
+    if questions:
+        choices.append(
+            Choice(
+                "Change an answer (nodes, GPUs, seq_len, global batch, GPU, precision, ...)",
+                value=CHANGE_ANSWER,
+            )
+        )
     choices.append(Choice("Quit without writing anything", value="quit"))
     return choices
 

@@ -9,9 +9,12 @@ starting from the pre-filled Answers (flags, answers file, detected GPU).
 from __future__ import annotations
 
 import os
+import socket
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
+from zerofit.errors import ZerofitError
+from zerofit.hardware import CATALOG, lookup
 from zerofit.planning.answers import (
     LAUNCHERS,
     OFFLOAD_DEVICES,
@@ -21,11 +24,21 @@ from zerofit.planning.answers import (
     Answers,
     answers_to_dict,
 )
-from zerofit.hardware import CATALOG, lookup
-from zerofit.errors import ZerofitError
 
 Validator = Callable[[str, dict], "bool | str"]
 AUTO = "auto"  # select value meaning "planner decides" (stored as None in Answers)
+
+
+class _Back:
+    """The answer "go back to the previous question" (a select's last choice, or "<" typed)."""
+
+    def __repr__(self) -> str:
+        return "BACK"
+
+
+BACK = _Back()
+BACK_TITLE = "← back"
+BACK_TEXT = "<"  # typed alone into a text question: back (blank already means "planner decides")
 
 
 def _always(answers: dict) -> bool:
@@ -54,6 +67,7 @@ class Question:
     convert: Callable[[Any], Any] = _identity  # prompt result -> Answers value
     check: Callable[[Any], "bool | str"] | None = None  # slow check after Enter (may do I/O)
     warn: Callable[[Any, dict], "str | None"] | None = None  # accepted, but worth a warning
+    label: str = ""  # short name in the plan menu's "change an answer" list ("number of nodes")
 
 
 def default_for(q: Question, answers: dict) -> Any:
@@ -65,13 +79,29 @@ def message_for(q: Question, answers: dict) -> str:
     return q.message(answers) if callable(q.message) else q.message
 
 
+def shown_default(q: Question, value: Any) -> Any:
+    """What the prompt of ``q`` starts on to show the Answers value ``value`` again: the choice
+    whose conversion gives it (a select), or its text (text kinds)."""
+    if q.kind == "select":
+        return next((choice for choice, _ in q.choices if q.convert(choice) == value), None)
+    return to_text(value)
+
+
+def still_valid(q: Question, answers: dict) -> bool:
+    """Whether the recorded answer to ``q`` passes its validation against the other answers (a
+    global batch of 16 stops being a multiple of the GPUs when the nodes go from 2 to 4)."""
+    if q.kind == "select":
+        return True  # the choices do not depend on other answers
+    return q.validate(to_text(answers.get(q.name)), answers) is True
+
+
 def to_text(value: Any) -> str:
     """How a typed default is shown in a text prompt (None -> empty, i.e. "planner decides")."""
     return "" if value is None else str(value)
 
 
 def apply_defaults(questions: Sequence[Question], answers: dict) -> dict:
-    """Answer every asked question with its default (``--defaults``): the same walk the prompts do."""
+    """Answer every asked question with its default (``--defaults``): the prompts' own walk."""
     start, answers = answers, dict(answers)
     for q in questions:
         if q.when(answers):
@@ -83,7 +113,7 @@ def apply_defaults(questions: Sequence[Question], answers: dict) -> dict:
 
 
 def gpu_precision(gpu: str) -> str:
-    """What ``precision: null`` resolves to on ``gpu`` (the planner's rule, shown as the default)."""
+    """What ``precision: null`` resolves to on ``gpu`` (the planner's rule, the default shown)."""
     return "bf16" if lookup(gpu).bf16 else "fp16"
 
 
@@ -91,7 +121,8 @@ def settle(answers: dict, start: dict) -> dict:
     """Keep ``None`` ("derive it") where the user accepted the derived value.
 
     A precision that was unset and was answered with the GPU's own default stays unset, so
-    answers.yaml keeps following the GPU and matches what `zerofit config` writes for the same flags.
+    answers.yaml keeps following the GPU and matches what `zerofit config` writes for the same
+    flags.
     """
     answers = dict(answers)
     if start.get("precision") is None and answers.get("precision") == gpu_precision(answers["gpu"]):
@@ -240,8 +271,47 @@ def _precision_message(answers: dict) -> str:
     return f"Precision ({spec.key} {'supports' if spec.bf16 else 'has no'} bf16)"
 
 
+def _global_batch_message(answers: dict) -> str:
+    world = answers["gpus_per_node"] * answers["num_nodes"]
+    return f"Global batch, sequences per optimizer step on all {world} GPUs (blank: planner picks)"
+
+
 def _multi_node(answers: dict) -> bool:
     return answers["num_nodes"] > 1
+
+
+def is_this_machine(address: str) -> bool:
+    """Whether ``address`` names this machine: loopback, its hostname or one of the addresses the
+    hostname resolves to (stdlib only: no interface scan before the plan is shown)."""
+    address = address.strip().lower()
+    if address in ("localhost", "::1", "0.0.0.0") or address.startswith("127."):
+        return True
+    hostname = socket.gethostname().lower()
+    if address in (hostname, hostname.split(".")[0], socket.getfqdn().lower()):
+        return True
+    try:
+        _, aliases, addresses = socket.gethostbyname_ex(hostname)
+    except OSError:  # the hostname does not resolve: nothing more to compare with
+        return False
+    return address in {name.lower() for name in aliases} | set(addresses)
+
+
+def plan_is_for_other_machines(answers: dict) -> bool:
+    """The training runs elsewhere: several nodes, or one node whose address is not this machine.
+    Their RAM, not this machine's MemTotal (planner.host_ram_gib's fallback), budgets offload."""
+    return _multi_node(answers) or not is_this_machine(str(answers["main_process_ip"]))
+
+
+def _validate_host_ram(text: str, answers: dict) -> bool | str:
+    text = text.strip()
+    hint = "the RAM of one training node in GiB, e.g. 1024 (`free -g` on a node shows it)"
+    try:
+        value = float(text)
+    except ValueError:
+        return f"enter {hint}"
+    if not 1 <= value <= 1 << 20:
+        return f"use 1-{1 << 20}: {hint}"
+    return True
 
 
 def _grpo(answers: dict) -> bool:
@@ -356,7 +426,8 @@ _WORKLOAD_TITLES = {
 
 
 def gpu_choices() -> tuple[tuple[str, str], ...]:
-    """(key, title) for every catalog GPU, e.g. ('A100-80GB', 'A100-80GB  NVIDIA A100 80GB, 79.15 GiB, bf16')."""
+    """(key, title) for every catalog GPU,
+    e.g. ('A100-80GB', 'A100-80GB  NVIDIA A100 80GB, 79.15 GiB, bf16')."""
     width = max(len(k) for k in CATALOG)
     return tuple(
         (
@@ -364,6 +435,212 @@ def gpu_choices() -> tuple[tuple[str, str], ...]:
             f"{g.key:<{width}}  {g.name}, {g.memory_gib:g} GiB, {'bf16' if g.bf16 else 'no bf16'}",
         )
         for g in CATALOG.values()
+    )
+
+
+def _detected_words(detected: tuple[str | None, int]) -> str:
+    """' (detected 4 x A100-80GB)', ' (detected 2 unknown GPUs)' or '' when nothing was found."""
+    key, count = detected
+    if key:
+        return f" (detected {count} x {key})"
+    return f" (detected {count} unknown GPUs)" if count else ""
+
+
+def model_and_gpu_questions(
+    base: Answers, detected: tuple[str | None, int], models: Sequence[tuple[str, str]]
+) -> tuple[Question, ...]:
+    """What to train and on which GPUs: model, GPU type, GPUs per node, number of nodes."""
+    count = detected[1]
+    return (
+        Question(
+            "model",
+            "autocomplete",
+            "Model: built-in name (Tab completes), config.json, model dir or hub id",
+            base.model,
+            choices=tuple(models),
+            validate=_validate_model,
+            convert=str.strip,
+            check=_check_model,
+            label="model",
+        ),
+        Question(
+            "gpu",
+            "select",
+            "GPU" + _detected_words(detected),
+            lookup(base.gpu).key,
+            choices=gpu_choices(),
+            label="GPU",
+        ),
+        Question(
+            "gpus_per_node",
+            "text",
+            "GPUs per node" + (f" (detected {count})" if count else ""),
+            base.gpus_per_node,
+            validate=int_text(1, 64),
+            convert=int,
+            label="GPUs per node",
+        ),
+        Question(
+            "num_nodes",
+            "text",
+            "Number of nodes",
+            base.num_nodes,
+            validate=int_text(1, 4096),
+            convert=int,
+            label="number of nodes",
+        ),
+    )
+
+
+def cluster_questions(base: Answers) -> tuple[Question, ...]:
+    """Where the nodes meet and how they start, and the RAM of nodes that are not this one."""
+    return (
+        Question(
+            "main_process_ip",
+            "text",
+            "Main node address (IP or hostname, same on every node)",
+            base.main_process_ip,
+            when=_multi_node,
+            validate=_validate_host,
+            convert=str.strip,
+            warn=warn_main_address,
+            label="main node address",
+        ),
+        Question(
+            "main_process_port",
+            "text",
+            "Main node port (free and reachable from every node)",
+            base.main_process_port,
+            when=_multi_node,
+            validate=int_text(1, 65535),
+            convert=int,
+            warn=warn_main_port,
+            label="main node port",
+        ),
+        Question(
+            "launcher",
+            "select",
+            "Launch with",
+            base.launcher,
+            when=_multi_node,
+            choices=tuple((n, _LAUNCHER_TITLES[n]) for n in LAUNCHERS),
+            label="launcher",
+        ),
+        Question(
+            "host_ram_gib",
+            "text",
+            "Host RAM per training node in GiB (what CPU offload may use; `free -g` on a node)",
+            base.host_ram_gib,
+            when=plan_is_for_other_machines,
+            validate=_validate_host_ram,
+            convert=float,
+            label="host RAM per node (GiB)",
+        ),
+    )
+
+
+def workload_questions(base: Answers) -> tuple[Question, ...]:
+    """What a training step does: workload, GRPO's generation, sequence length, batch, precision."""
+    return (
+        Question(
+            "workload",
+            "select",
+            "Workload",
+            base.workload,
+            choices=tuple((n, t) for n, t in _WORKLOAD_TITLES.items()),
+            label="workload",
+        ),
+        Question(
+            "num_generations",
+            "text",
+            "GRPO completions per prompt (num_generations)",
+            base.num_generations,
+            when=_grpo,
+            validate=int_text(2, 1024),
+            convert=int,
+            label="GRPO completions per prompt",
+        ),
+        Question(
+            "completion_len",
+            "text",
+            "GRPO generated tokens per completion",
+            base.completion_len,
+            when=_grpo,
+            validate=int_text(1, 1 << 20),
+            convert=int,
+            label="GRPO tokens per completion",
+        ),
+        Question(
+            "seq_len",
+            "text",
+            lambda a: "Sequence length in tokens" + (" (prompt + completion)" if _grpo(a) else ""),
+            _default_seq_len(base),
+            validate=_validate_seq_len,
+            convert=int,
+            label="sequence length (seq_len)",
+        ),
+        Question(
+            "global_batch",
+            "text",
+            _global_batch_message,
+            _default_global_batch(base),
+            validate=_validate_global_batch,
+            convert=_optional_int,
+            label="global batch",
+        ),
+        Question(
+            "precision",
+            "select",
+            _precision_message,
+            _default_precision(base),
+            choices=tuple((p, p) for p in PRECISIONS),
+            label="precision",
+        ),
+    )
+
+
+def training_stack_questions(base: Answers) -> tuple[Question, ...]:
+    """How the trainer runs, each asked only where it changes the plan (each ``when`` plans)."""
+    return (
+        Question(
+            "stack",
+            "select",
+            "What runs the training (it changes the plan here)",
+            base.stack,
+            when=stack_matters,
+            choices=tuple((n, _STACK_TITLES[n]) for n in STACKS),
+            label="training stack",
+        ),
+        Question(
+            "loss_kernel",
+            "select",
+            "Which loss does the trainer compute (it changes the plan here)",
+            _loss_default(base),
+            when=loss_kernel_matters,
+            choices=tuple((n, _LOSS_TITLES[n]) for n in _LOSS_TITLES),
+            convert=_loss_convert,
+            label="loss",
+        ),
+        Question(
+            "padding",
+            "select",
+            "Are the training batches padded or packed (it changes the plan here)",
+            _padding_default(base),
+            when=padding_matters,
+            choices=tuple((n, _PADDING_TITLES[n]) for n in _PADDING_TITLES),
+            convert=_padding_convert(base),
+            label="padded or packed batches",
+        ),
+        Question(
+            "weights_dtype",
+            "select",
+            "Dtype the weights are loaded in (DDP without DeepSpeed; it changes the plan here)",
+            base.weights_dtype,  # None: the select starts on fp32, what None means
+            when=weights_dtype_matters,
+            choices=tuple((n, _WEIGHTS_TITLES[n]) for n in WEIGHTS_DTYPES),
+            convert=_fp32_is_the_default,
+            label="weights dtype",
+        ),
     )
 
 
@@ -379,152 +656,11 @@ def build_questions(
         detected: ``hardware.detect_local_gpus()`` result, only used to say what was found.
         models: (name, description) of built-in models, offered as completions.
     """
-    key, count = detected
-    found = (
-        f" (detected {count} x {key})"
-        if key
-        else (f" (detected {count} unknown GPUs)" if count else "")
-    )
     return (
-        Question(
-            "model",
-            "autocomplete",
-            "Model: built-in name (Tab completes), config.json, model dir or hub id",
-            base.model,
-            choices=tuple(models),
-            validate=_validate_model,
-            convert=str.strip,
-            check=_check_model,
-        ),
-        Question("gpu", "select", "GPU" + found, lookup(base.gpu).key, choices=gpu_choices()),
-        Question(
-            "gpus_per_node",
-            "text",
-            "GPUs per node" + (f" (detected {count})" if count else ""),
-            base.gpus_per_node,
-            validate=int_text(1, 64),
-            convert=int,
-        ),
-        Question(
-            "num_nodes",
-            "text",
-            "Number of nodes",
-            base.num_nodes,
-            validate=int_text(1, 4096),
-            convert=int,
-        ),
-        Question(
-            "main_process_ip",
-            "text",
-            "Main node address (IP or hostname, same on every node)",
-            base.main_process_ip,
-            when=_multi_node,
-            validate=_validate_host,
-            convert=str.strip,
-            warn=warn_main_address,
-        ),
-        Question(
-            "main_process_port",
-            "text",
-            "Main node port (free and reachable from every node)",
-            base.main_process_port,
-            when=_multi_node,
-            validate=int_text(1, 65535),
-            convert=int,
-            warn=warn_main_port,
-        ),
-        Question(
-            "launcher",
-            "select",
-            "Launch with",
-            base.launcher,
-            when=_multi_node,
-            choices=tuple((n, _LAUNCHER_TITLES[n]) for n in LAUNCHERS),
-        ),
-        Question(
-            "workload",
-            "select",
-            "Workload",
-            base.workload,
-            choices=tuple((n, t) for n, t in _WORKLOAD_TITLES.items()),
-        ),
-        Question(
-            "num_generations",
-            "text",
-            "GRPO completions per prompt (num_generations)",
-            base.num_generations,
-            when=_grpo,
-            validate=int_text(2, 1024),
-            convert=int,
-        ),
-        Question(
-            "completion_len",
-            "text",
-            "GRPO generated tokens per completion",
-            base.completion_len,
-            when=_grpo,
-            validate=int_text(1, 1 << 20),
-            convert=int,
-        ),
-        Question(
-            "seq_len",
-            "text",
-            lambda a: "Sequence length in tokens" + (" (prompt + completion)" if _grpo(a) else ""),
-            _default_seq_len(base),
-            validate=_validate_seq_len,
-            convert=int,
-        ),
-        Question(
-            "global_batch",
-            "text",
-            lambda a: f"Global batch, sequences per optimizer step on all {a['gpus_per_node'] * a['num_nodes']} GPUs"
-            " (blank: planner picks)",
-            _default_global_batch(base),
-            validate=_validate_global_batch,
-            convert=_optional_int,
-        ),
-        Question(
-            "precision",
-            "select",
-            _precision_message,
-            _default_precision(base),
-            choices=tuple((p, p) for p in PRECISIONS),
-        ),
-        Question(
-            "stack",
-            "select",
-            "What runs the training (it changes the plan here)",
-            base.stack,
-            when=stack_matters,
-            choices=tuple((n, _STACK_TITLES[n]) for n in STACKS),
-        ),
-        Question(
-            "loss_kernel",
-            "select",
-            "Which loss does the trainer compute (it changes the plan here)",
-            _loss_default(base),
-            when=loss_kernel_matters,
-            choices=tuple((n, _LOSS_TITLES[n]) for n in _LOSS_TITLES),
-            convert=_loss_convert,
-        ),
-        Question(
-            "padding",
-            "select",
-            "Are the training batches padded or packed (it changes the plan here)",
-            _padding_default(base),
-            when=padding_matters,
-            choices=tuple((n, _PADDING_TITLES[n]) for n in _PADDING_TITLES),
-            convert=_padding_convert(base),
-        ),
-        Question(
-            "weights_dtype",
-            "select",
-            "Dtype the weights are loaded in (DDP without DeepSpeed; it changes the plan here)",
-            base.weights_dtype,  # None: the select starts on fp32, what None means
-            when=weights_dtype_matters,
-            choices=tuple((n, _WEIGHTS_TITLES[n]) for n in WEIGHTS_DTYPES),
-            convert=_fp32_is_the_default,
-        ),
+        model_and_gpu_questions(base, detected, models)
+        + cluster_questions(base)
+        + workload_questions(base)
+        + training_stack_questions(base)
     )
 
 
@@ -543,9 +679,11 @@ OVERRIDABLE = {
 
 
 def override_question(name: str, current: Any, planned: Any) -> Question:
-    """The follow-up question after choosing to override ``name``; 'auto' hands it back to the planner.
+    """The follow-up question after choosing to override ``name``; 'auto' hands it back to the
+    planner.
 
-    ``current`` is the Answers value (None when the planner decides), ``planned`` what the plan chose.
+    ``current`` is the Answers value (None when the planner decides), ``planned`` what the plan
+    chose.
     """
     label = "New " + OVERRIDABLE[name]
     default = AUTO if current is None else current

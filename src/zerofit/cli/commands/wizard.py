@@ -1,4 +1,4 @@
-"""`zerofit wizard`: ask a few questions, show the plan, let the user override it, write the configs.
+"""`zerofit wizard`: ask a few questions, show the plan, let the user change it, write the configs.
 
 Only stdlib and light zerofit modules at import time (cli imports every command to register it);
 questionary, rich and the planner are imported in ``run``, after argument parsing.
@@ -7,11 +7,10 @@ questionary, rich and the planner are imported in ``run``, after argument parsin
 from __future__ import annotations
 
 import sys
-from dataclasses import fields
 from pathlib import Path
 
-from zerofit.errors import ZerofitError
 from zerofit.cli.answer_flags import add_answer_flags, answers_from_args
+from zerofit.errors import ZerofitError
 
 DEFAULT_OUT = "zerofit_out"
 SCRIPT = "your_script.py"  # placeholder in the printed launch commands
@@ -21,11 +20,11 @@ def register(sub) -> None:
     p = sub.add_parser(
         "wizard",
         help="interactive: ask about model, GPUs and workload; show the plan; write the configs",
-        description="Ask about the model, GPUs, nodes and workload (flags and --answers pre-fill the answers), "
-        "show the plan with its memory breakdown, let you override any decision, then write "
-        "ds_config.json, accelerate.yaml and answers.yaml into --out. Nothing is written before the "
-        "end; Ctrl-C leaves no file. `zerofit config --answers OUT/answers.yaml --out OUT` reproduces "
-        "the same files.",
+        description="Ask about the model, GPUs, nodes and workload (flags and --answers pre-fill "
+        "the answers), show the plan with its memory breakdown, let you override any decision or "
+        "change any answer, then write ds_config.json, accelerate.yaml and answers.yaml into "
+        "--out. Nothing is written before the end; Ctrl-C leaves no file. `zerofit config "
+        "--answers OUT/answers.yaml --out OUT` reproduces the same files.",
     )
     add_answer_flags(p)
     p.add_argument(
@@ -51,10 +50,12 @@ def register(sub) -> None:
 
 
 def given_fields(args) -> set[str]:
-    """Answers fields the user fixed with a flag or in the --answers file (detection must not override them)."""
-    from zerofit.planning.answers import Answers
+    """Answers fields the user fixed with a flag or in the --answers file (detection must not
+    override them)."""
+    from zerofit.planning.answers import Answers, answers_to_dict
 
-    given = {f.name for f in fields(Answers) if getattr(args, f.name, None) is not None}
+    names = answers_to_dict(Answers())  # every Answers field, dataclass or not
+    given = {name for name in names if getattr(args, name, None) is not None}
     if getattr(args, "answers", None):
         import yaml
 
@@ -116,8 +117,8 @@ def run(args) -> int:
     detected = hardware.detect_local_gpus()
     base = prefill(base, given_fields(args), detected)
 
-    from zerofit.wizard.questions import build_questions, start_answers
     from zerofit.wizard import prompts as wizard
+    from zerofit.wizard.questions import build_questions, start_answers
 
     # rich costs ~60 ms: created on first print, after the first question is on screen.
     console = wizard.LazyConsole(
@@ -125,11 +126,12 @@ def run(args) -> int:
     )  # commands and paths stay copy-pastable
     term = wizard.Terminal(console)
     questions = build_questions(base, detected, _builtin_models() if interactive else ())
-    answers = wizard.collect_answers(questions, start_answers(base), term, defaults=not interactive)
+    start = start_answers(base)
+    answers = wizard.collect_answers(questions, start, term, defaults=not interactive)
     if interactive:
         from zerofit.planning.plan import plan as planner
 
-        reviewed = wizard.review_plan(answers, planner, term)
+        reviewed = wizard.review_plan(answers, planner, term, questions, start)
         if reviewed is None:
             console.print("nothing written")
             return 1
@@ -147,9 +149,10 @@ def run(args) -> int:
 def finish(
     answers, out: Path, force: bool, console, show: bool = False, save_default: bool = False
 ) -> int:
-    """Build and write the files exactly as `zerofit config --out OUT` does, then print the launch commands."""
-    from zerofit.files import write_files
+    """Build and write the files exactly as `zerofit config --out OUT` does, then print the launch
+    commands."""
     from zerofit.configs.outputs import build_files
+    from zerofit.files import write_files
     from zerofit.wizard import prompts as wizard
 
     # Same ds_config_file as `zerofit config`, so `config --answers OUT/answers.yaml --out OUT`
@@ -187,8 +190,8 @@ def render_launch_lines(plan, out: Path, script: str = SCRIPT) -> list[str]:
         return ["Run it:", f"  accelerate launch --config_file {cfg} {script}"]
     if a.launcher == "torchrun":
         from zerofit.configs.accelerate_yaml import build_accelerate_config
-        from zerofit.launch.commands import build_torchrun_cmd
         from zerofit.launch.cluster_config import build_spec
+        from zerofit.launch.commands import build_torchrun_cmd
         from zerofit.launch.render import quote_cmd
 
         config = build_accelerate_config(plan, ds_config_file=str(out / "ds_config.json"))
