@@ -1,7 +1,18 @@
-"""Every recipe command the READMEs show (README.md, recipes/README.md, deepspeed_configs/README.md)
-runs as written, from a directory laid out like the repository root.
+"""The commands the documents show (README.md, docs/launch.md, recipes/README.md,
+deepspeed_configs/README.md) run as written, in order, from a directory laid out like the
+repository root: a reader who types them one after another must not hit an error.
 
-What is added, and why (everything else is the README's text):
+Each document's ```bash blocks run in one directory, top to bottom, so a command that writes over
+an earlier command's output without `--force` fails here as it would for the reader. The blocks
+of recipes/README.md are alternatives (each writes its own cfg/): each gets a fresh directory.
+
+What runs:
+- every `zerofit` command except `doctor` (it checks the real cluster: this machine has none of
+  the GPUs the configs name) and `wizard` (interactive: tests/wizard/test_wizard_e2e.py): each
+  must exit 0;
+- every recipe command (`test_every_readme_recipe_command_runs`), with what is added below.
+
+What is added to recipe commands, and why (everything else is the document's text):
 - The hub models the YAMLs name (Qwen2.5-0.5B, -Instruct) cannot be downloaded here: a tiny
   stand-in is put in a private Hugging Face cache under the same id (HF_HUB_OFFLINE=1), so
   `--model Qwen/...` resolves exactly as it would from a user's cache.
@@ -11,8 +22,6 @@ What is added, and why (everything else is the README's text):
   say 8 GPUs; this machine has 2 cores) and a free `--main_process_port`.
 - Multi-node lines (`--machine_rank`) need other machines: their accelerate arguments are parsed
   by accelerate's own launch parser and their recipe arguments by the recipe, not run.
-`zerofit config` lines in the same block run as written first (they write the `cfg/` the
-launches use); `zerofit launch ... -- recipes/x.py` lines run as written (they write scripts).
 
 Run: .venv/bin/python -m pytest tests/recipes/test_readme_commands.py -q   (serial; ~8 launches)
 """
@@ -24,31 +33,40 @@ import re
 import shlex
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-
 from recipe_runs import BIN, REPO, free_port, load_recipe, save_tiny_model
 
-pytestmark = pytest.mark.distributed
-READMES = ["README.md", "recipes/README.md", "deepspeed_configs/README.md"]
+DOCUMENTS = ["README.md", "docs/launch.md", "recipes/README.md", "deepspeed_configs/README.md"]
+BLOCKS_ARE_ALTERNATIVES = {"recipes/README.md"}  # each block in a fresh directory
 RECIPE_PATH = re.compile(r"^recipes/(\w+)\.py$")
+NOT_RUN = {"doctor", "wizard"}  # zerofit subcommands this machine cannot run (module docstring)
 LIMIT = 300  # s per command: generous for a ~15 s run on a busy 2-core machine
 
 
-def bash_commands(text: str) -> list[list[list[str]]]:
-    """Each ```bash block of a README as a list of commands (comments dropped, `\\` joined)."""
-    blocks = []
-    for body in re.findall(r"```bash\n(.*?)```", text, flags=re.S):
-        joined = body.replace("\\\n", " ")
-        commands = []
-        for line in joined.splitlines():
+@dataclass(frozen=True)
+class Command:
+    """One shell command of a document: its words and the number of its ```bash block."""
+
+    words: list[str]
+    block: int
+
+
+def document_commands(text: str) -> list[Command]:
+    """Every command of a document's ```bash blocks, in order (comments dropped, `\\` joined)."""
+    commands = []
+    for number, body in enumerate(re.findall(r"```bash\n(.*?)```", text, flags=re.S)):
+        for line in body.replace("\\\n", " ").splitlines():
             try:
-                commands.append(shlex.split(line, comments=True))
+                words = shlex.split(line, comments=True)
             except ValueError:  # not one shell command (a heredoc line, say)
-                assert "recipes/" not in line, f"cannot read README line: {line}"
-        blocks.append([c for c in commands if c])
-    return blocks
+                assert "recipes/" not in line, f"cannot read document line: {line}"
+                continue
+            if words:
+                commands.append(Command(words, number))
+    return commands
 
 
 def recipe_of(command: list[str]) -> tuple[str, int] | None:
@@ -58,6 +76,61 @@ def recipe_of(command: list[str]) -> tuple[str, int] | None:
         if match:
             return match.group(1), i
     return None
+
+
+def fresh_root(parent: Path, name: str) -> Path:
+    """A directory laid out like the repository root (recipes/ and deepspeed_configs/)."""
+    root = parent / name
+    root.mkdir()
+    for folder in ("recipes", "deepspeed_configs"):
+        (root / folder).symlink_to(REPO / folder)
+    return root
+
+
+def roots_by_block(document: str, commands: list[Command], parent: Path) -> dict[int, Path]:
+    """The directory each block of ``document`` runs in: one for all, or one per block."""
+    slug = document.replace("/", "_")
+    blocks = sorted({c.block for c in commands})
+    if document in BLOCKS_ARE_ALTERNATIVES:
+        return {block: fresh_root(parent, f"{slug}-{block}") for block in blocks}
+    root = fresh_root(parent, slug)
+    return {block: root for block in blocks}
+
+
+def run_zerofit(command: Command, root: Path, env: dict, document: str) -> None:
+    """Run one `zerofit` line as written: it must succeed, with no traceback."""
+    res = subprocess.run(
+        [sys.executable, "-m", "zerofit", *command.words[1:]],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=LIMIT,
+    )
+    shown = f"{document}: {shlex.join(command.words)}\n{res.stdout[-1500:]}\n{res.stderr[-2000:]}"
+    assert res.returncode == 0, shown
+    assert "Traceback" not in res.stderr, shown
+
+
+def is_runnable_zerofit(words: list[str]) -> bool:
+    return words[0] == "zerofit" and len(words) > 1 and words[1] not in NOT_RUN
+
+
+def test_readme_zerofit_commands_run_in_order(tmp_path):
+    """Every `zerofit` command of the documents, typed in order, succeeds. Before the
+    README gave each example its own `--out`, four of five `zerofit launch ... --out run/` lines
+    failed on the files the first one wrote."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    ran = []
+    for document in DOCUMENTS:
+        commands = document_commands((REPO / document).read_text())
+        roots = roots_by_block(document, commands, tmp_path)
+        for command in commands:
+            if is_runnable_zerofit(command.words):
+                run_zerofit(command, roots[command.block], env, document)
+                ran.append(shlex.join(command.words))
+    for sub in ("config", "check", "launch"):  # the README shows each of these
+        assert any(c.startswith(f"zerofit {sub} ") for c in ran), sub
 
 
 def stand_in_hub_cache(root: Path) -> Path:
@@ -95,6 +168,19 @@ def check_multinode_line(command: list[str], recipe: str, script: int) -> None:
     load_recipe(recipe).parse_args(command[script + 1 :])
 
 
+def training_command(command: list[str], recipe: str, out: Path, resume: bool) -> list[str]:
+    """A recipe line as this machine runs it: this Python, 2 processes, a free port, fast flags."""
+    cmd = list(command)
+    if cmd[0] == "python":
+        cmd[0] = sys.executable
+    elif cmd[:2] == ["accelerate", "launch"]:
+        port = str(free_port())
+        cmd = [str(BIN / "accelerate"), "launch", "--num_processes", "2"]
+        cmd += ["--main_process_port", port, *command[2:]]
+    return cmd + fast_flags(recipe, out, resume)
+
+
+@pytest.mark.distributed
 def test_every_readme_recipe_command_runs(tmp_path):
     cache = stand_in_hub_cache(tmp_path)
     env = {
@@ -107,70 +193,42 @@ def test_every_readme_recipe_command_runs(tmp_path):
     }
     seen: dict[str, Path] = {}  # command -> its output dir (a README repeats a command: run once)
     ran, parsed = [], []
-    for readme in READMES:
-        for number, block in enumerate(bash_commands((REPO / readme).read_text())):
-            if not any(recipe_of(c) for c in block):
+    for document in DOCUMENTS:
+        commands = document_commands((REPO / document).read_text())
+        roots = roots_by_block(document, commands, tmp_path)
+        last_out: dict[tuple[str, str], Path] = {}  # (recipe, launcher) -> its last run
+        for command in commands:
+            words, root = command.words, roots[command.block]
+            found = recipe_of(words)
+            if is_runnable_zerofit(words):  # configs the launches use, or launch scripts
+                run_zerofit(command, root, env, document)
+                if found:
+                    ran.append(shlex.join(words))
                 continue
-            root = tmp_path / f"{readme.replace('/', '_')}-{number}"  # a fresh repository root
-            root.mkdir()
-            for name in ("recipes", "deepspeed_configs"):
-                (root / name).symlink_to(REPO / name)
-            last_out: dict[tuple[str, str], Path] = {}  # (recipe, launcher) -> its last run
-            for command in block:
-                found = recipe_of(command)
-                if command[:2] == ["zerofit", "config"] and not found:
-                    res = subprocess.run(
-                        [sys.executable, "-m", "zerofit", *command[1:]],
-                        cwd=root,
-                        env=env,
-                        capture_output=True,
-                        text=True,
-                        timeout=LIMIT,
-                    )
-                    shown = f"{readme}: {shlex.join(command)}\n{res.stderr[-2000:]}"
-                    assert res.returncode == 0, shown
-                    continue
-                if not found:
-                    continue
-                recipe, script = found
-                if "--machine_rank" in command:
-                    check_multinode_line(command, recipe, script)
-                    parsed.append(shlex.join(command))
-                    continue
-                if command[0] == "zerofit":  # `zerofit launch ... -- recipes/x.py`: writes scripts
-                    cmd = [sys.executable, "-m", "zerofit", *command[1:]]
-                else:
-                    key = shlex.join(command)
-                    resume = "--resume-from" in command
-                    if key in seen and "cfg/" not in key and not resume:
-                        last_out[recipe, command[0]] = seen[key]
-                        continue
-                    out = last_out.get((recipe, command[0])) if resume else root / f"out-{len(ran)}"
-                    assert out is not None, f"{readme}: nothing to resume before {key}"
-                    seen[key] = out
-                    last_out[recipe, command[0]] = out
-                    cmd = list(command)
-                    if cmd[0] == "python":
-                        cmd[0] = sys.executable
-                    elif cmd[:2] == ["accelerate", "launch"]:
-                        cmd = [
-                            str(BIN / "accelerate"),
-                            "launch",
-                            "--num_processes",
-                            "2",
-                            "--main_process_port",
-                            str(free_port()),
-                            *cmd[2:],
-                        ]
-                    cmd += fast_flags(recipe, out, resume)
-                res = subprocess.run(
-                    cmd, cwd=root, env=env, capture_output=True, text=True, timeout=LIMIT
-                )
-                assert res.returncode == 0, (
-                    f"{readme}: {shlex.join(command)}\n"
-                    f"{res.stdout[-1500:]}\n{res.stderr[-2500:]}"
-                )
-                ran.append(shlex.join(command))
+            if not found:
+                continue
+            recipe, script = found
+            if "--machine_rank" in words:
+                check_multinode_line(words, recipe, script)
+                parsed.append(shlex.join(words))
+                continue
+            key = shlex.join(words)
+            resume = "--resume-from" in words
+            if key in seen and "cfg/" not in key and not resume:
+                last_out[recipe, words[0]] = seen[key]
+                continue
+            out = last_out.get((recipe, words[0])) if resume else root / f"out-{len(ran)}"
+            assert out is not None, f"{document}: nothing to resume before {key}"
+            seen[key] = out
+            last_out[recipe, words[0]] = out
+            cmd = training_command(words, recipe, out, resume)
+            res = subprocess.run(
+                cmd, cwd=root, env=env, capture_output=True, text=True, timeout=LIMIT
+            )
+            assert res.returncode == 0, (
+                f"{document}: {key}\n{res.stdout[-1500:]}\n{res.stderr[-2500:]}"
+            )
+            ran.append(key)
     runnable = [c for c in ran if "zerofit launch" not in c]
     for name in ("sft", "dpo", "grpo"):  # one GPU, one node, and multi-node, for each recipe
         assert any(f"python recipes/{name}.py" in c for c in runnable), name
