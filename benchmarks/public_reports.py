@@ -267,7 +267,7 @@ def evaluate(reports: list[dict], proxies: dict[str, str] | None = None) -> dict
     }
 
 
-# The target: at least 14 of every 15 real OOMs predicted not to fit, every run to fit.
+# The target: at least 14 of every 15 real OOMs predicted not to fit, and every run to fit.
 TARGET_OOM_SHARE = 14 / 15
 # margins (GiB, then as a share of the GPU's memory) the sweep prints besides its two extremes
 SWEEP_GIB = (-8.0, -4.0, -2.0, 0.0, 1.0, 2.0, 4.0, 8.0, 16.0)

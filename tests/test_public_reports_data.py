@@ -28,7 +28,8 @@ DATA = ROOT / "tests" / "data" / "public_reports.jsonl"
 HOLDOUT = ROOT / "tests" / "data" / "public_reports_holdout.jsonl"
 MODELS = ROOT / "tests" / "data" / "public_report_models"
 
-# The memory model's new Answers fields (issue 8) and the values the data may hold for them.
+# Answers fields every record states (what the stack-aware memory model reads), and the values
+# the data may hold for them.
 NEW_FIELDS = {
     "stack": lambda v: v in ("hf", "accelerate", "deepspeed"),
     "optimizer": lambda v: v in (None, *OPTIMIZERS),
@@ -39,7 +40,8 @@ NEW_FIELDS = {
     "host_ram_gib": lambda v: v is None or (isinstance(v, (int, float)) and v > 0),
     "weights_dtype": lambda v: v in (None, "fp32", "bf16"),
 }
-# GPUs the catalog gains in issue 8; until then a report on one names it in `missing`.
+# GPUs a report may name before the catalog has them (all are in it now); a report on one the
+# catalog lacks names it in `missing`.
 GPUS_BEING_ADDED = ("A800", "H800", "H20", "A40", "L20", "MI250X", "MI300X")
 MEASURED_KINDS = ("alloc_lower_bound", "device_used", "reserved")
 ANSWER_FIELDS = {f.name for f in dataclasses.fields(Answers)}
@@ -107,7 +109,7 @@ def test_report_has_source_quote_outcome_and_named_inferences(report):
 def test_answers_load_into_answers(report):
     answers = dict(report["answers"])
     unknown = set(answers) - ANSWER_FIELDS - set(NEW_FIELDS)
-    assert not unknown, f"fields neither in Answers nor new in issue 8: {sorted(unknown)}"
+    assert not unknown, f"fields neither in Answers nor in NEW_FIELDS: {sorted(unknown)}"
     for name, valid in NEW_FIELDS.items():
         assert name in answers, f"new field {name} missing"
         assert valid(answers[name]), f"{name}={answers[name]!r} is not an allowed value"
