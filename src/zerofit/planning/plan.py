@@ -6,16 +6,22 @@ CONTRACT (shared by builders, wizard, launch): the dataclass fields below are st
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
-from typing import Any
+from dataclasses import asdict, dataclass, field, fields
+from typing import TYPE_CHECKING, Any
 
-from zerofit.planning.answers import Answers
 from zerofit.hardware import GpuSpec
+from zerofit.planning.answers import Answers
 from zerofit.planning.decision import Decision
+from zerofit.planning.options import TrainingOption, all_options, allowed_options
+
+if TYPE_CHECKING:
+    from zerofit.planning.planner import Candidate, PlanInputs
 
 
 @dataclass(frozen=True)
 class Alternative:
+    """One option of the grid at its best micro batch: a row of the alternatives table."""
+
     stage: int
     offload_optimizer: str
     offload_param: str
@@ -27,6 +33,35 @@ class Alternative:
     cpu_gib: float = 0.0  # host RAM per node
     failing: str | None = None  # "gpu", "host", "gpu+host" or None
     pin_memory: bool = True  # offload buffers page-locked
+
+    @property
+    def option(self) -> TrainingOption:
+        return TrainingOption(
+            self.stage, self.offload_optimizer, self.offload_param, self.gradient_checkpointing
+        )
+
+    @classmethod
+    def of(cls, candidate: Candidate) -> "Alternative":
+        """The row of ``candidate``, its GiB rounded to 2 places."""
+        option = candidate.option
+        return cls(
+            stage=option.stage,
+            offload_optimizer=option.offload_optimizer,
+            offload_param=option.offload_param,
+            gradient_checkpointing=option.gradient_checkpointing,
+            micro_batch=candidate.micro_batch,
+            peak_gib=round(candidate.estimate.peak_gib, 2),
+            fits=candidate.fits,
+            gpu_need_gib=round(candidate.need_gib, 2),
+            cpu_gib=round(candidate.estimate.cpu_gib, 2),
+            failing=candidate.failing_budget,
+            pin_memory=candidate.pin_memory,
+        )
+
+
+# Plan.as_json: the fields --json names otherwise, and those it leaves out
+_JSON_NAMES = {"model_name": "model", "breakdown_gib": "breakdown"}
+_NOT_IN_JSON = ("answers", "hidden_size", "pin_memory")
 
 
 @dataclass(frozen=True)
@@ -63,6 +98,30 @@ class Plan:
     padded: bool = False  # micro batches estimated as padded (planner.pads_batches)
 
     @property
+    def option(self) -> TrainingOption:
+        return TrainingOption(
+            self.stage, self.offload_optimizer, self.offload_param, self.gradient_checkpointing
+        )
+
+    def as_json(self) -> dict[str, Any]:
+        """What ``zerofit plan --json`` prints: every field under its key, but the answers (the
+        input) and the values only the config files use; the GPU by its catalog key, the model
+        by its name, the stack the estimate assumed."""
+        out: dict[str, Any] = {}
+        for item in fields(self):
+            if item.name in _NOT_IN_JSON:
+                continue
+            value = getattr(self, item.name)
+            if item.name == "gpu":
+                value = value.key
+            elif item.name in ("decisions", "alternatives"):
+                value = [asdict(row) for row in value]
+            elif item.name == "suggestions":
+                value = list(value)
+            out[_JSON_NAMES.get(item.name, item.name)] = value
+        return {**out, "stack": self.answers.stack}
+
+    @property
     def shape(self) -> tuple:
         """The decisions that make it a different configuration: two plans with the same shape
         write the same files and the same verdict."""
@@ -82,17 +141,17 @@ def plan(answers: Answers, model: Any = None) -> Plan:
     ``model`` (a ``zerofit.models.resolve.ModelSpec``) skips resolving ``answers.model`` when given.
     Every override in ``answers`` (stage, offload, checkpointing, micro batch) is honoured; when
     nothing fits, the least-memory candidate is returned with ``fits=False`` and suggestions.
+    The grid (every option the overrides allow, and every option for the alternatives table) is
+    estimated once at every micro batch that divides each GPU's share.
     """
     from zerofit.hardware import lookup
     from zerofit.planning.planner import (
         best_of,
-        evaluate,
-        host_ram_gib,
+        evaluate_grid,
         micro_choices,
-        option_grid,
         pick_global_batch,
-        pads_batches,
         pick_precision,
+        plan_inputs,
     )
     from zerofit.planning.reasons import decide, suggest
 
@@ -101,103 +160,89 @@ def plan(answers: Answers, model: Any = None) -> Plan:
 
         model = resolve_model(answers.model)
     gpu = lookup(answers.gpu)
-    world = answers.world_size
     precision, precision_why = pick_precision(answers, gpu)
-    ram, ram_source = host_ram_gib(answers, gpu)
     global_batch, batch_why = pick_global_batch(answers)
-    per_rank = global_batch // world
-    micros = micro_choices(answers, per_rank)
-    pool = [
-        c
-        for option in option_grid(answers)
-        for c in evaluate(model, answers, gpu, precision, option, micros, per_rank)
-    ]
+    per_rank = global_batch // answers.world_size
+    micro_batches = micro_choices(answers, per_rank)
+    allowed = allowed_options(answers)
+    inputs = plan_inputs(model, answers, gpu, precision, per_rank)
+    grid = evaluate_grid(inputs, allowed + all_options(), micro_batches)
+    pool = [c for c in grid if c.option in allowed]
     chosen = best_of(pool)
-    budget = gpu.memory_gib * answers.headroom
-    desc = f"{model.name} ({model.params / 1e9:.2f}B) on {world} x {gpu.key}"
-    accum = per_rank // chosen.micro_batch
     decisions = [
         Decision("precision", precision, precision_why),
         Decision("global_batch", global_batch, batch_why),
+        *decide(chosen, pool, inputs),
+        _grad_accum_decision(chosen, inputs, global_batch),
     ]
-    decisions += decide(chosen, pool, answers, gpu, budget, desc)
-    decisions.append(
-        Decision(
-            "grad_accum",
-            accum,
-            f"{accum} = global batch {global_batch} / "
-            f"(micro {chosen.micro_batch} x {world} GPUs)",
-        )
+    suggestions = () if chosen.fits else tuple(suggest(inputs, chosen))
+    return _build_plan(inputs, chosen, decisions, alternatives_of(grid), suggestions)
+
+
+def _grad_accum_decision(chosen: Candidate, inputs: PlanInputs, global_batch: int) -> Decision:
+    grad_accum = inputs.per_rank // chosen.micro_batch
+    return Decision(
+        "grad_accum",
+        grad_accum,
+        f"{grad_accum} = global batch {global_batch} / "
+        f"(micro {chosen.micro_batch} x {inputs.world_size} GPUs)",
     )
-    everything = [
-        c
-        for option in option_grid(answers, honour_overrides=False)
-        for c in evaluate(model, answers, gpu, precision, option, micros, per_rank)
-    ]
-    alternatives = []
-    for key in dict.fromkeys(
-        (c.stage, c.offload_optimizer, c.offload_param, c.gradient_checkpointing)
-        for c in everything
-    ):
-        c = best_of(
-            [
-                x
-                for x in everything
-                if (x.stage, x.offload_optimizer, x.offload_param, x.gradient_checkpointing) == key
-            ]
-        )
-        alternatives.append(
-            Alternative(
-                c.stage,
-                c.offload_optimizer,
-                c.offload_param,
-                c.gradient_checkpointing,
-                c.micro_batch,
-                round(c.estimate.peak_gib, 2),
-                c.fits,
-                round(c.need_gib, 2),
-                round(c.estimate.cpu_gib, 2),
-                c.failing_budget,
-                c.pin_memory,
-            )
-        )
-    suggestions = (
-        ()
-        if chosen.fits
-        else tuple(suggest(model, answers, gpu, precision, per_rank, budget, chosen))
-    )
-    est = chosen.estimate
+
+
+def alternatives_of(grid: list[Candidate]) -> tuple[Alternative, ...]:
+    """Every option of the full grid at its best micro batch, in the grid's order."""
+    from zerofit.planning.planner import best_of
+
+    rows = []
+    for option in all_options():
+        of_option = [c for c in grid if c.option == option]
+        if of_option:
+            rows.append(Alternative.of(best_of(of_option)))
+    return tuple(rows)
+
+
+def _build_plan(
+    inputs: PlanInputs,
+    chosen: Candidate,
+    decisions: list[Decision],
+    alternatives: tuple[Alternative, ...],
+    suggestions: tuple[str, ...],
+) -> Plan:
+    from zerofit.planning.planner import pads_batches
+
+    estimate, option, model = chosen.estimate, chosen.option, inputs.model
+    grad_accum = inputs.per_rank // chosen.micro_batch
     return Plan(
-        answers=answers,
-        gpu=gpu,
+        answers=inputs.answers,
+        gpu=inputs.gpu,
         model_name=model.name,
         params=model.params,
         hidden_size=model.hidden_size,
-        precision=precision,
-        world_size=world,
-        stage=chosen.stage,
-        offload_optimizer=chosen.offload_optimizer,
-        offload_param=chosen.offload_param,
-        gradient_checkpointing=chosen.gradient_checkpointing,
+        precision=inputs.precision,
+        world_size=inputs.world_size,
+        stage=option.stage,
+        offload_optimizer=option.offload_optimizer,
+        offload_param=option.offload_param,
+        gradient_checkpointing=option.gradient_checkpointing,
         micro_batch=chosen.micro_batch,
-        grad_accum=accum,
-        global_batch=chosen.micro_batch * accum * world,
-        peak_gib=round(est.peak_gib, 2),
+        grad_accum=grad_accum,
+        global_batch=chosen.micro_batch * grad_accum * inputs.world_size,
+        peak_gib=round(estimate.peak_gib, 2),
         fits=chosen.fits,
-        breakdown_gib=est.breakdown_gib(gpu.memory_gib),
-        cpu_gib=round(est.cpu_gib, 2),
+        breakdown_gib=estimate.breakdown_gib(inputs.gpu.memory_gib),
+        cpu_gib=round(estimate.cpu_gib, 2),
         decisions=tuple(decisions),
-        alternatives=tuple(alternatives),
+        alternatives=alternatives,
         suggestions=suggestions,
         gpu_need_gib=round(chosen.need_gib, 2),
         spare_gib=round(chosen.spare_gib, 3),
-        host_ram_gib=round(ram, 1),
-        host_ram_source=ram_source,
+        host_ram_gib=round(inputs.host_ram_gib, 1),
+        host_ram_source=inputs.host_ram_source,
         failing_budget=chosen.failing_budget,
-        optimizer=est.optimizer,
-        loss_path=est.loss_path,
+        optimizer=estimate.optimizer,
+        loss_path=estimate.loss_path,
         pin_memory=chosen.pin_memory,
-        padded=pads_batches(answers, chosen.micro_batch),
+        padded=pads_batches(inputs.answers, chosen.micro_batch),
     )
 
 
@@ -208,7 +253,7 @@ def fused_head_hint(p: Plan) -> str | None:
     when the user named a loss path or the fused head plans the same."""
     if p.answers.loss_kernel is not None:  # left to the stack: full logits or trl_logps
         return None
-    fused = plan(replace(p.answers, loss_kernel="trl_fused"))
+    fused = plan(p.answers.replace(loss_kernel="trl_fused"))
     if fused.shape == p.shape:
         return None
     checkpointing = "on" if fused.gradient_checkpointing else "off"

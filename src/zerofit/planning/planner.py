@@ -15,13 +15,18 @@ fit that leaves at least the median fragmentation of long runs spare comes first
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
-from zerofit.planning.answers import Answers
 from zerofit.errors import ZerofitError
+from zerofit.hardware import GpuSpec
 from zerofit.memory.estimate import GIB, MemoryEstimate, TrainSetup, estimate_memory
 from zerofit.memory.overheads import is_tight
+from zerofit.planning.answers import Answers
+from zerofit.planning.options import TrainingOption, all_options
 
 MAX_MICRO = 64
 # Where the node's RAM cannot be read (and --host-ram-gib is not given), offload plans assume a
@@ -31,26 +36,86 @@ MIN_HOST_RAM_GIB = 64.0
 DEFAULT_TOKENS_PER_STEP = 2**18  # default global batch: ~262k tokens per optimizer step
 
 
+
 @dataclass(frozen=True)
-class Candidate:
-    stage: int
-    offload_optimizer: str
-    offload_param: str
-    gradient_checkpointing: bool
-    micro_batch: int
-    estimate: MemoryEstimate
-    fits: bool
-    gpu_need_gib: float = 0.0  # everything the GPU holds (peak + outside terms + margin)
-    gpu_fits: bool = True
-    host_fits: bool = True
-    pin_memory: bool = True  # offload buffers page-locked (only matters with offload)
-    pinned_cpu_gib: float | None = None  # host RAM pinned buffers needed, where unpinned instead
-    spare_gib: float = 0.0  # the GPU budget minus gpu_need_gib
+class PlanInputs:
+    """What every candidate of one plan shares: the model, the answers, the GPU and the batch
+    each GPU gets, with the world, node size and sequence length a suggestion may vary, and the
+    host RAM per node the verdict compares with (read once, not once per candidate)."""
+
+    model: Any  # zerofit.models.resolve.ModelSpec
+    answers: Answers
+    gpu: GpuSpec
+    precision: str
+    per_rank: int  # sequences each GPU gets per optimizer step
+    world_size: int
+    gpus_per_node: int
+    seq_len: int
+    host_ram_gib: float
+    host_ram_source: str  # given | this node | assumed
 
     @property
-    def tight(self) -> bool:
-        """Fits, with less to spare than long runs lose to fragmentation (overheads.py)."""
-        return self.fits and is_tight(self.spare_gib)
+    def budget_gib(self) -> float:
+        """The GPU memory a configuration may use."""
+        return self.gpu.memory_gib * self.answers.headroom
+
+    def vary(
+        self,
+        *,
+        world_size: int | None = None,
+        gpus_per_node: int | None = None,
+        per_rank: int | None = None,
+        seq_len: int | None = None,
+    ) -> "PlanInputs":
+        """The same plan on another world, node size, per-GPU batch or sequence length (what a
+        suggestion tries); an assumed host RAM follows the node's GPU count."""
+        gpus_per_node = gpus_per_node or self.gpus_per_node
+        ram, source = host_ram_gib(self.answers, self.gpu, gpus_per_node)
+        return dataclasses.replace(
+            self,
+            world_size=world_size or self.world_size,
+            gpus_per_node=gpus_per_node,
+            per_rank=per_rank or self.per_rank,
+            seq_len=seq_len or self.seq_len,
+            host_ram_gib=ram,
+            host_ram_source=source,
+        )
+
+
+def plan_inputs(model, answers: Answers, gpu: GpuSpec, precision: str, per_rank: int) -> PlanInputs:
+    """``PlanInputs`` of the answers as given: their world, node size and sequence length."""
+    ram, source = host_ram_gib(answers, gpu)
+    return PlanInputs(
+        model=model,
+        answers=answers,
+        gpu=gpu,
+        precision=precision,
+        per_rank=per_rank,
+        world_size=answers.world_size,
+        gpus_per_node=answers.gpus_per_node,
+        seq_len=answers.seq_len,
+        host_ram_gib=ram,
+        host_ram_source=source,
+    )
+
+
+@dataclass(frozen=True)
+class BudgetCheck:
+    """The one verdict used by plan, estimate and the wizard: what the GPU must hold against its
+    budget, and the host RAM offload needs against the node's."""
+
+    gpu_fits: bool
+    host_fits: bool
+    gpu_need_gib: float  # the allocated peak, allocator, NCCL, CUDA context, vLLM, safety margin
+    budget_gib: float  # GPU memory x headroom
+    spare_gib: float  # the budget minus gpu_need_gib (negative: it does not fit)
+    cpu_gib: float  # host RAM per node
+    host_ram_gib: float
+    host_ram_source: str  # given | this node | assumed
+
+    @property
+    def fits(self) -> bool:
+        return self.gpu_fits and self.host_fits
 
     @property
     def failing_budget(self) -> str | None:
@@ -60,32 +125,83 @@ class Candidate:
         budgets = (("gpu", self.gpu_fits), ("host", self.host_fits))
         return "+".join(name for name, ok in budgets if not ok)
 
+
+def judge(estimate: MemoryEstimate, inputs: PlanInputs) -> BudgetCheck:
+    """Compare ``estimate`` with the GPU budget (peak, every outside term and the safety margin)
+    and the host RAM offload needs with the node's."""
+    answers, capacity = inputs.answers, inputs.gpu.memory_gib
+    need = estimate.gpu_need_bytes(capacity) / GIB + answers.safety_margin_gib
+    return BudgetCheck(
+        gpu_fits=estimate.fits(capacity, answers.headroom, answers.safety_margin_gib),
+        host_fits=estimate.cpu_gib <= inputs.host_ram_gib,
+        gpu_need_gib=need,
+        budget_gib=inputs.budget_gib,
+        spare_gib=inputs.budget_gib - need,
+        cpu_gib=estimate.cpu_gib,
+        host_ram_gib=inputs.host_ram_gib,
+        host_ram_source=inputs.host_ram_source,
+    )
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One option at one micro batch, estimated and judged."""
+
+    option: TrainingOption
+    micro_batch: int
+    estimate: MemoryEstimate
+    check: BudgetCheck
+    pin_memory: bool = True  # offload buffers page-locked (only matters with offload)
+    pinned_cpu_gib: float | None = None  # host RAM pinned buffers needed, where unpinned instead
+
     @property
-    def speed_key(self) -> tuple:
-        """Sort key, fastest first (see the module docstring for the order and its evidence)."""
-        return (
-            self.offload_param != "none",
-            self.offload_optimizer != "none",
-            self.stage == 3,
-            self.gradient_checkpointing,
-            self.tight,
-            self.stage,
-            -self.micro_batch,
-        )
+    def fits(self) -> bool:
+        return self.check.fits
 
     @property
     def need_gib(self) -> float:
         """What the budget is compared with: the allocated peak, the allocator, NCCL, CUDA context
         and vLLM terms, and the safety margin."""
-        return self.gpu_need_gib
+        return self.check.gpu_need_gib
+
+    @property
+    def spare_gib(self) -> float:
+        return self.check.spare_gib
+
+    @property
+    def failing_budget(self) -> str | None:
+        return self.check.failing_budget
+
+    @property
+    def tight(self) -> bool:
+        """Fits, with less to spare than long runs lose to fragmentation (overheads.py)."""
+        return self.fits and is_tight(self.spare_gib)
+
+    @property
+    def speed_key(self) -> tuple:
+        """Sort key, fastest first (see the module docstring for the order and its evidence)."""
+        option = self.option
+        return (
+            option.offload_param != "none",
+            option.offload_optimizer != "none",
+            option.stage == 3,
+            option.gradient_checkpointing,
+            self.tight,
+            option.stage,
+            -self.micro_batch,
+        )
 
     def label(self) -> str:
-        off = "" if self.offload_optimizer == "none" else f", optimizer on {self.offload_optimizer}"
-        off += "" if self.offload_param == "none" else f", params on {self.offload_param}"
-        if off and not self.pin_memory:
-            off += " (unpinned)"
-        gc = ", checkpointing" if self.gradient_checkpointing else ""
-        return f"ZeRO-{self.stage}{off}{gc}, micro {self.micro_batch}"
+        option = self.option
+        where = ""
+        if option.offload_optimizer != "none":
+            where += f", optimizer on {option.offload_optimizer}"
+        if option.offload_param != "none":
+            where += f", params on {option.offload_param}"
+        if where and not self.pin_memory:
+            where += " (unpinned)"
+        checkpointing = ", checkpointing" if option.gradient_checkpointing else ""
+        return f"ZeRO-{option.stage}{where}{checkpointing}, micro {self.micro_batch}"
 
 
 def pick_precision(answers: Answers, gpu) -> tuple[str, str]:
@@ -104,7 +220,8 @@ def pick_precision(answers: Answers, gpu) -> tuple[str, str]:
 
 
 def pick_global_batch(answers: Answers) -> tuple[int, str]:
-    """The user's global batch, or ~262k tokens per step rounded to what the batch must divide by."""
+    """The user's global batch, or ~262k tokens per step rounded to what the batch must divide
+    by."""
     world = answers.world_size
     unit = (
         world
@@ -113,10 +230,11 @@ def pick_global_batch(answers: Answers) -> tuple[int, str]:
     )
     if answers.global_batch is not None:
         if answers.global_batch % world:
+            example = max(world, answers.global_batch // world * world)
             raise ZerofitError(
                 "global_batch",
                 f"{answers.global_batch} is not divisible by the {world} GPUs",
-                f"use a multiple of {world}, e.g. {max(world, answers.global_batch // world * world)}",
+                f"use a multiple of {world}, e.g. {example}",
             )
         if answers.global_batch % unit:
             raise ZerofitError(
@@ -154,39 +272,29 @@ def pads_batches(answers: Answers, micro: int) -> bool:
     return answers.workload in ("dpo", "grpo") or micro > 1
 
 
-def make_setup(
-    answers: Answers,
-    precision: str,
-    stage: int,
-    offload_optimizer: str,
-    offload_param: str,
-    checkpointing: bool,
-    micro: int,
-    accum: int,
-    world: int | None = None,
-    seq_len: int | None = None,
+def build_setup(
+    inputs: PlanInputs, option: TrainingOption, micro_batch: int, grad_accum: int
 ) -> TrainSetup:
-    """The memory model's view of one candidate configuration (offload buffers pinned, DeepSpeed's
-    default, unless the user said otherwise)."""
-    from zerofit.hardware import lookup
-
+    """The memory model's view of one option at one micro batch (offload buffers pinned,
+    DeepSpeed's default, unless the user said otherwise)."""
+    answers = inputs.answers
     optimizer = answers.optimizer
-    if optimizer is None and answers.optimizer_block and offload_optimizer == "none":
+    if optimizer is None and answers.optimizer_block and option.offload_optimizer == "none":
         # zerofit's own block sets "torch_adam": true without offload
         # (configs/deepspeed_json.py build_optimizer_block), so DeepSpeed steps torch.optim.AdamW,
         # foreach on CUDA (deepspeed/runtime/engine.py _configure_basic_optimizer), not FusedAdam.
         optimizer = "adamw_torch"
     return TrainSetup(
-        stage=stage,
-        world_size=world or answers.world_size,
-        gpus_per_node=answers.gpus_per_node,
-        offload_optimizer=offload_optimizer,
-        offload_param=offload_param,
-        precision=precision,
-        gradient_checkpointing=checkpointing,
-        micro_batch=micro,
-        seq_len=seq_len or answers.seq_len,
-        grad_accum=accum,
+        stage=option.stage,
+        world_size=inputs.world_size,
+        gpus_per_node=inputs.gpus_per_node,
+        offload_optimizer=option.offload_optimizer,
+        offload_param=option.offload_param,
+        precision=inputs.precision,
+        gradient_checkpointing=option.gradient_checkpointing,
+        micro_batch=micro_batch,
+        seq_len=inputs.seq_len,
+        grad_accum=grad_accum,
         attention=answers.attention,
         workload=answers.workload,
         num_generations=answers.num_generations,
@@ -199,47 +307,12 @@ def make_setup(
         precompute_ref=answers.precompute_ref,
         vllm_gpu_memory_utilization=answers.vllm_gpu_memory_utilization,
         steps_per_generation=answers.steps_per_generation,
-        interconnect=lookup(answers.gpu).interconnect,
-        padded=pads_batches(answers, micro),
+        interconnect=inputs.gpu.interconnect,
+        padded=pads_batches(answers, micro_batch),
         weights_dtype=answers.weights_dtype,
         pin_optimizer_offload=answers.pin_memory is not False,
         pin_param_offload=answers.pin_memory is not False,
     )
-
-
-def option_grid(
-    answers: Answers, honour_overrides: bool = True
-) -> list[tuple[int, str, str, bool]]:
-    """Every (stage, offload_optimizer, offload_param, checkpointing) allowed; overrides narrow it."""
-    a = answers if honour_overrides else Answers()
-    grid = []
-    for stage in (0, 1, 2, 3):
-        offloads = [("none", "none")]
-        if stage >= 1:
-            offloads.append(("cpu", "none"))
-        if stage == 3:
-            offloads.append(("cpu", "cpu"))
-        if honour_overrides and (answers.offload_optimizer or answers.offload_param):
-            oo, op = answers.offload_optimizer or "none", answers.offload_param or "none"
-            if op != "none" and oo == "none" and answers.offload_optimizer is None:
-                oo = op  # DeepSpeed offloads the optimizer too when parameters are offloaded
-            offloads = (
-                [(oo, op)] if (stage >= 1 or oo == "none") and (stage == 3 or op == "none") else []
-            )
-        for oo, op in offloads:
-            for gc in (False, True):
-                if a.stage is not None and stage != a.stage:
-                    continue
-                if a.gradient_checkpointing is not None and gc != a.gradient_checkpointing:
-                    continue
-                grid.append((stage, oo, op, gc))
-    if not grid:
-        raise ZerofitError(
-            "offload_param",
-            f"offloading parameters needs ZeRO stage 3, not {answers.stage}",
-            "use --stage 3 or --offload-param none",
-        )
-    return grid
 
 
 def micro_choices(answers: Answers, per_rank: int) -> list[int]:
@@ -261,9 +334,9 @@ def assumed_host_ram_gib(gpu, gpus_per_node: int) -> float:
     return max(MIN_HOST_RAM_GIB, HOST_RAM_PER_GPU_MEMORY * gpu.memory_gib * gpus_per_node)
 
 
-def host_ram_gib(answers: Answers, gpu) -> tuple[float, str]:
+def host_ram_gib(answers: Answers, gpu, gpus_per_node: int | None = None) -> tuple[float, str]:
     """Host RAM per node and where the number comes from: --host-ram-gib, else this node's
-    /proc/meminfo, else the assumption above."""
+    /proc/meminfo, else the assumption above for ``gpus_per_node`` (default: the answers')."""
     if answers.host_ram_gib is not None:
         return answers.host_ram_gib, "given"
     from zerofit.hardware import detect_host_ram_gib
@@ -271,68 +344,46 @@ def host_ram_gib(answers: Answers, gpu) -> tuple[float, str]:
     detected = detect_host_ram_gib()
     if detected is not None:
         return detected, "this node"
-    return assumed_host_ram_gib(gpu, answers.gpus_per_node), "assumed"
+    return assumed_host_ram_gib(gpu, gpus_per_node or answers.gpus_per_node), "assumed"
 
 
-def judge(est: MemoryEstimate, answers: Answers, gpu) -> tuple[bool, bool, float]:
-    """The one verdict used by plan, estimate and the wizard: (GPU fits, host RAM fits, GiB the
-    GPU must hold including the safety margin)."""
-    need = est.gpu_need_bytes(gpu.memory_gib) / GIB + answers.safety_margin_gib
-    gpu_ok = est.fits(gpu.memory_gib, answers.headroom, answers.safety_margin_gib)
-    return gpu_ok, est.cpu_gib <= host_ram_gib(answers, gpu)[0], need
-
-
-def evaluate(
-    model,
-    answers: Answers,
-    gpu,
-    precision: str,
-    option: tuple,
-    micros: list[int],
-    per_rank: int,
-    world: int | None = None,
-    seq_len: int | None = None,
-) -> list[Candidate]:
-    """Memory estimate for ``option`` at every micro batch.
+def evaluate(inputs: PlanInputs, option: TrainingOption, micro_batch: int) -> Candidate:
+    """Estimate and judge ``option`` at ``micro_batch``.
 
     Offload buffers are pinned (page-locked: DeepSpeed's default, full-bandwidth asynchronous
     copies) unless the user chose. When the pinned buffers are what breaks the host RAM budget
     and unpinned ones fit, the candidate is the unpinned one: PyTorch's pinned allocator rounds
     every block up to a power of two (memory/pinned.py), pageable memory is allocated as asked.
     """
-    stage, oo, op, gc = option
-    offloaded = oo != "none" or op != "none"
-    out = []
-    for m in micros:
-        setup = make_setup(answers, precision, stage, oo, op, gc, m, per_rank // m, world, seq_len)
-        est = estimate_memory(model, setup)
-        gpu_ok, host_ok, need = judge(est, answers, gpu)
-        pinned, pinned_cpu_gib = setup.pins_offload or not offloaded, None
-        if setup.pins_offload and not host_ok and answers.pin_memory is None:
-            unpinned = estimate_memory(model, setup.with_pinning(False))
-            gpu_ok_u, host_ok_u, need_u = judge(unpinned, answers, gpu)
-            if host_ok_u:
-                pinned_cpu_gib = est.cpu_gib
-                est, gpu_ok, host_ok, need, pinned = unpinned, gpu_ok_u, host_ok_u, need_u, False
-        fits = gpu_ok and host_ok
-        out.append(
-            Candidate(
-                stage,
-                oo,
-                op,
-                gc,
-                m,
-                est,
-                fits,
-                need,
-                gpu_ok,
-                host_ok,
-                pinned,
-                pinned_cpu_gib,
-                spare_gib=gpu.memory_gib * answers.headroom - need,
-            )
-        )
-    return out
+    setup = build_setup(inputs, option, micro_batch, inputs.per_rank // micro_batch)
+    estimate = estimate_memory(inputs.model, setup)
+    check = judge(estimate, inputs)
+    pinned_cpu_gib = None
+    if setup.pins_offload and not check.host_fits and inputs.answers.pin_memory is None:
+        unpinned = estimate_memory(inputs.model, setup.with_pinning(False))
+        unpinned_check = judge(unpinned, inputs)
+        if unpinned_check.host_fits:
+            pinned_cpu_gib = estimate.cpu_gib
+            setup, estimate, check = setup.with_pinning(False), unpinned, unpinned_check
+    return Candidate(
+        option=option,
+        micro_batch=micro_batch,
+        estimate=estimate,
+        check=check,
+        pin_memory=setup.pins_offload or not option.offloaded,
+        pinned_cpu_gib=pinned_cpu_gib,
+    )
+
+
+def evaluate_grid(
+    inputs: PlanInputs, options: Iterable[TrainingOption], micro_batches: list[int]
+) -> list[Candidate]:
+    """Every option at every micro batch, in that order (options repeated are estimated once)."""
+    return [
+        evaluate(inputs, option, micro_batch)
+        for option in dict.fromkeys(options)
+        for micro_batch in micro_batches
+    ]
 
 
 def best_of(candidates: list[Candidate]) -> Candidate:
@@ -341,3 +392,10 @@ def best_of(candidates: list[Candidate]) -> Candidate:
     if fitting:
         return min(fitting, key=lambda c: c.speed_key)
     return min(candidates, key=lambda c: (c.estimate.peak_bytes, c.speed_key))
+
+
+def fastest_fit(inputs: PlanInputs) -> Candidate | None:
+    """The fastest option that fits under ``inputs`` at micro batch 1, searched over every option
+    whatever the user's overrides (what a suggestion offers); None when none fits."""
+    fitting = [c for c in evaluate_grid(inputs, all_options(), [1]) if c.fits]
+    return min(fitting, key=lambda c: c.speed_key) if fitting else None

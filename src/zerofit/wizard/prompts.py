@@ -411,15 +411,19 @@ def render_plan(plan, before=None) -> list:
     from rich.table import Table
     from rich.text import Text
 
-    a = plan.answers
+    from zerofit.planning.verdicts import plan_warning
+
+    answers, gpu = plan.answers, plan.gpu
     fit = Text("fits", style="bold green") if plan.fits else Text("does NOT fit", style="bold red")
+    nodes = f"{answers.num_nodes} node{'s' if answers.num_nodes > 1 else ''}"
     head = Text.assemble(
         (f"{plan.model_name}", "bold"),
-        f" ({plan.params / 1e9:.2f} B params) on {a.gpus_per_node} x {plan.gpu.key} ({plan.gpu.memory_gib:g} GiB)"
-        f" x {a.num_nodes} node{'s' if a.num_nodes > 1 else ''}, {plan.precision}, {a.workload}, seq {a.seq_len}\n",
-        f"peak {plan.peak_gib:.1f} GiB per GPU of {plan.gpu.memory_gib:g} GiB "
+        f" ({plan.params / 1e9:.2f} B params) on {answers.gpus_per_node} x {gpu.key} "
+        f"({gpu.memory_gib:g} GiB) x {nodes}, {plan.precision}, {answers.workload}, "
+        f"seq {answers.seq_len}\n",
+        f"peak {plan.peak_gib:.1f} GiB per GPU of {gpu.memory_gib:g} GiB "
         f"(the GPU holds {plan.gpu_need_gib:.1f} with allocator, NCCL, context and margin; "
-        f"limit {plan.gpu.memory_gib * a.headroom:.1f} at headroom {a.headroom:g}): ",
+        f"limit {gpu.memory_gib * answers.headroom:.1f} at headroom {answers.headroom:g}): ",
         fit,
     )
     if before is not None:
@@ -428,14 +432,13 @@ def render_plan(plan, before=None) -> list:
             style="dim",
         )
     decisions = Table("decision", "value", "why", box=None, pad_edge=False, show_edge=False)
-    overridden = {name for name in OVERRIDABLE if getattr(a, name) is not None}
-    for d in plan.decisions:
-        decisions.add_row(
-            d.field, _show(d.value) + (" *" if d.field in overridden else ""), d.reason
-        )
+    overridden = {name for name in OVERRIDABLE if getattr(answers, name) is not None}
+    for decision in plan.decisions:
+        mark = " *" if decision.field in overridden else ""
+        decisions.add_row(decision.field, _show(decision.value) + mark, decision.reason)
     batch = Text(
-        f"batch: {plan.micro_batch} micro x {plan.grad_accum} accumulation x {plan.world_size} GPUs "
-        f"= {plan.global_batch} sequences per step"
+        f"batch: {plan.micro_batch} micro x {plan.grad_accum} accumulation x "
+        f"{plan.world_size} GPUs = {plan.global_batch} sequences per step"
         + ("   (* = your override)" if overridden else "")
     )
     out = [
@@ -460,19 +463,7 @@ def render_plan(plan, before=None) -> list:
             box=None,
         )
         for alt in plan.alternatives:
-            current = (
-                alt.stage,
-                alt.offload_optimizer,
-                alt.offload_param,
-                alt.gradient_checkpointing,
-                alt.micro_batch,
-            ) == (
-                plan.stage,
-                plan.offload_optimizer,
-                plan.offload_param,
-                plan.gradient_checkpointing,
-                plan.micro_batch,
-            )
+            current = (alt.option, alt.micro_batch) == (plan.option, plan.micro_batch)
             alts.add_row(
                 ">" if current else "",
                 str(alt.stage),
@@ -484,25 +475,10 @@ def render_plan(plan, before=None) -> list:
                 Text("yes", style="green") if alt.fits else Text("no", style="red"),
             )
         out.append(alts)
-    if not plan.fits and plan.failing_budget == "host":
-        out.append(
-            Text(
-                f"warning: this plan fits on the GPU but needs {plan.cpu_gib:.1f} GiB of "
-                f"host RAM per node for offload ({plan.host_ram_source}: "
-                f"{plan.host_ram_gib:.1f} GiB); the node will run out of memory. "
-                "You may still accept it.",
-                style="bold red",
-            )
-        )
-    elif not plan.fits:
-        out.append(
-            Text(
-                "warning: this plan is estimated NOT to fit in GPU memory; it will likely OOM. "
-                "You may still accept it.",
-                style="bold red",
-            )
-        )
-    out += [Text(f"suggestion: {s}", style="yellow") for s in plan.suggestions]
+    warning = plan_warning(plan)
+    if warning:
+        out.append(Text(warning, style="bold red"))
+    out += [Text(f"suggestion: {tip}", style="yellow") for tip in plan.suggestions]
     return out
 
 

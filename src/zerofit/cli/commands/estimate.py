@@ -11,8 +11,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from zerofit.cli.answer_flags import add_answer_flags
+
+if TYPE_CHECKING:
+    from zerofit.planning.report import EstimateReport
 
 # Answers fields a config file may fill (when the flag is not given)
 _FILE_ANSWER_FIELDS = (
@@ -93,179 +97,14 @@ def _read(flag: str, path: str) -> str:
         ) from None
 
 
-def build_estimate(answers, files: dict | None = None) -> dict:
-    """The estimate as a plain dict (what --json prints). ``files``: inputs read from the user's
-    config files that are not Answers fields (buckets, overlap_comm, optimizer block, grad_accum).
-    """
-    import dataclasses
-
-    from zerofit.errors import ZerofitError
-    from zerofit.hardware import lookup
-    from zerofit.memory.estimate import GIB, estimate_memory
-    from zerofit.models.resolve import resolve_model
-    from zerofit.planning.planner import host_ram_gib, judge, make_setup, pick_precision
-
-    files = files or {}
-    model, gpu = resolve_model(answers.model), lookup(answers.gpu)
-    precision = pick_precision(answers, gpu)[0]
-    offload_param = answers.offload_param or "none"
-    stage = answers.stage if answers.stage is not None else (3 if offload_param != "none" else 2)
-    offload_opt = answers.offload_optimizer or (
-        "none" if offload_param == "none" else offload_param
-    )
-    if offload_param != "none" and stage != 3:
-        raise ZerofitError(
-            "offload_param",
-            f"needs ZeRO stage 3, not {stage}",
-            "use --stage 3 or --offload-param none",
-        )
-    if offload_opt != "none" and stage == 0:
-        raise ZerofitError(
-            "offload_optimizer",
-            "needs ZeRO stage 1, 2 or 3",
-            "use --stage 2 or --offload-optimizer none",
-        )
-    micro = answers.micro_batch or 1
-    world = answers.world_size
-    accum = files.get("grad_accum", 1)
-    if answers.global_batch is not None:
-        if answers.global_batch % (micro * world):
-            raise ZerofitError(
-                "global_batch",
-                f"{answers.global_batch} is not a multiple of micro {micro} x {world} GPUs",
-                f"use a multiple of {micro * world}",
-            )
-        accum = answers.global_batch // (micro * world)
-    elif "train_batch_size" in files and "grad_accum" not in files:
-        accum = max(1, files["train_batch_size"] // (micro * world))
-    setup = make_setup(
-        answers,
-        precision,
-        stage,
-        offload_opt,
-        offload_param,
-        bool(answers.gradient_checkpointing),
-        micro,
-        accum,
-    )
-    if files:
-        extra = {
-            k: files[k]
-            for k in (
-                "buckets",
-                "overlap_comm",
-                "ds_optimizer_block",
-                "pin_optimizer_offload",
-                "pin_param_offload",
-            )
-            if k in files
-        }
-        if files.get("optimizer") and answers.optimizer is None:
-            extra["optimizer"] = files["optimizer"]
-        setup = dataclasses.replace(setup, **extra)
-    if answers.pin_memory is not None:  # the flag overrides the files' offload blocks
-        setup = setup.with_pinning(answers.pin_memory)
-    est = estimate_memory(model, setup)
-    gpu_ok, host_ok, need = judge(est, answers, gpu)
-    ram, source = host_ram_gib(answers, gpu)
-    unpinned_cpu_gib = None
-    if setup.pins_offload:  # what the same offload needs with pin_memory false (memory/pinned.py)
-        unpinned_cpu_gib = round(estimate_memory(model, setup.with_pinning(False)).cpu_gib, 3)
-    outside = {k: round(v / GIB, 3) for k, v in est.outside_bytes(gpu.memory_gib).items()}
-    # what padding the micro batch costs at the peak (memory/activations.py:
-    # padded_attention_bytes): the same setup with equal-length rows, for the note and --json
-    padding_gib = 0.0
-    if setup.padded:
-        unpadded = estimate_memory(model, dataclasses.replace(setup, padded=False))
-        padding_gib = round(est.peak_gib - unpadded.peak_gib, 3)
-    return {
-        "model": model.name,
-        # where the decoder layer's bytes come from (activations.activations_basis): a formula
-        # checked against transformers' modules, or this architecture's own code traced
-        "activations_traced": est.activations_basis != "llama_shaped",
-        "activations_basis": est.activations_basis,
-        "params": model.params,
-        "gpu": gpu.key,
-        "world_size": world,
-        "stage": stage,
-        "offload_optimizer": offload_opt,
-        "offload_param": offload_param,
-        "precision": precision,
-        "micro_batch": micro,
-        "grad_accum": accum,
-        "seq_len": answers.seq_len,
-        "gradient_checkpointing": bool(answers.gradient_checkpointing),
-        "workload": answers.workload,
-        # micro batches padded to their longest sequence (planner.pads_batches), and what that
-        # adds to the peak
-        "padded": setup.padded,
-        "padding_gib": padding_gib,
-        "peak_gib": round(est.peak_gib, 3),
-        "fits": gpu_ok and host_ok,
-        "budget_gib": round(gpu.memory_gib * answers.headroom, 2),
-        "peak_phase": est.phase,
-        "breakdown": est.breakdown_gib(gpu.memory_gib),
-        "cpu_gib": round(est.cpu_gib, 3),
-        "cuda_context_gib": round(est.context_bytes / GIB, 3),
-        # added with the stack-aware model (issue 8); the keys above are unchanged
-        "stack": answers.stack,
-        "optimizer": est.optimizer,
-        "loss_path": est.loss_path,
-        # stage 0 without DeepSpeed trains the weights in their load dtype (memory/states.py)
-        "weights_dtype": setup.weight_dtype if setup.without_deepspeed else None,
-        "outside_peak_gib": outside,
-        "safety_margin_gib": answers.safety_margin_gib,
-        "gpu_need_gib": round(need, 3),
-        # what the budget leaves beyond everything above (negative: it does not fit)
-        "spare_gib": round(gpu.memory_gib * answers.headroom - need, 3),
-        "gpu_memory_gib": gpu.memory_gib,
-        "fits_gpu": gpu_ok,
-        "host_ram_gib": round(ram, 1),
-        "host_ram_source": source,
-        "fits_host": host_ok,
-        # offload buffers page-locked (some offload block pins), and the host RAM without pinning
-        "pin_memory": setup.pins_offload,
-        "cpu_gib_unpinned": unpinned_cpu_gib,
-        "from_files": sorted(k for k in files if k != "buckets")
-        + (["buckets"] if "buckets" in files else []),
-    }
-
-
-def verdict_line(r: dict) -> str:
-    """One sentence naming the budget that fails, with both numbers."""
-    gpu = f"{r['gpu_need_gib']:.1f} GiB per GPU of {r['budget_gib']:.1f}"
-    host = f"{r['cpu_gib']:.1f} GiB of host RAM per node"
-    if r["host_ram_source"] == "this node":
-        has = f"this node has {r['host_ram_gib']:.1f}"
-    elif r["host_ram_source"] == "given":
-        has = f"you gave {r['host_ram_gib']:.1f}"
-    else:
-        has = f"assumed {r['host_ram_gib']:.1f}; set --host-ram-gib"
-    if r["fits"]:
-        spare = f" ({r['spare_gib']:.1f} GiB to spare)"
-        return f"fits: needs {gpu}{spare}" + (f", and {host} ({has})" if r["cpu_gib"] else "")
-    if r["fits_gpu"]:
-        line = f"does NOT fit: fits on the GPU ({gpu}) but needs {host}, {has}"
-        unpinned = r.get("cpu_gib_unpinned")
-        if unpinned is not None and unpinned <= r["host_ram_gib"]:
-            line += (
-                f"; with pin_memory false in the offload blocks (--no-pin-memory) it needs "
-                f"{unpinned:.1f} GiB, which fits"
-            )
-        return line
-    if r["fits_host"]:
-        return f"does NOT fit on the GPU: needs {gpu}"
-    return f"does NOT fit: needs {gpu} and {host}, {has}"
-
-
-def estimate_from_files(
+def report_from_files(
     flags: dict,
     ds_config: str | None = None,
     accelerate_config: str | None = None,
     base: dict | None = None,
-) -> dict:
+) -> EstimateReport:
     """The estimate of the user's own config files: what ``zerofit estimate --ds-config FILE
-    --accelerate-config FILE`` prints as JSON.
+    --accelerate-config FILE`` reports.
 
     ``flags``: Answers fields given on the command line (they override the files); ``base``: an
     answers file's fields (the config files override them). The files fill stage, offload,
@@ -274,16 +113,28 @@ def estimate_from_files(
     """
     from zerofit.models.resolve import resolve_model
     from zerofit.planning.answers import answers_from_dict
+    from zerofit.planning.report import build_estimate_report
 
     data = {**(base or {}), **flags}
     files: dict = {}
+    model = None
     if ds_config or accelerate_config:
         model = resolve_model(answers_from_dict(data).model)
         files = read_config_files(ds_config, accelerate_config, model.hidden_size)
         for name in _FILE_ANSWER_FIELDS:  # flags given on the command line win
             if name in files and flags.get(name) is None:
                 data[name] = files[name]
-    return build_estimate(answers_from_dict(data), files)
+    return build_estimate_report(answers_from_dict(data), files, model)
+
+
+def estimate_from_files(
+    flags: dict,
+    ds_config: str | None = None,
+    accelerate_config: str | None = None,
+    base: dict | None = None,
+) -> dict:
+    """``report_from_files`` as the plain dict ``--json`` prints."""
+    return report_from_files(flags, ds_config, accelerate_config, base).as_json()
 
 
 def run(args) -> int:
@@ -299,65 +150,86 @@ def run(args) -> int:
         for f in fields(Answers)
         if getattr(args, f.name, None) is not None
     }
-    result = estimate_from_files(flags, args.ds_config, args.accelerate_config, base)
+    report = report_from_files(flags, args.ds_config, args.accelerate_config, base)
     if args.json:
-        print(json.dumps(result, indent=2))
+        print(json.dumps(report.as_json(), indent=2))
         return 0
     from rich.console import Console
-    from rich.table import Table
 
-    stage = f"ZeRO-{result['stage']}"
-    if result["weights_dtype"]:
-        stage += f" (no DeepSpeed, {result['weights_dtype']} weights)"
+    console = Console()
     # the setup is a heading of its own, not the table's title: rich folds a title to the table's
     # width, cutting a long model path mid-word
-    heading = (
-        f"{result['model']} on {result['world_size']} x {result['gpu']}: {stage}, "
-        f"micro {result['micro_batch']}, seq {result['seq_len']}, peak in {result['peak_phase']} "
-        f"({result['stack']} stack: {result['optimizer']}, loss {result['loss_path']})"
+    console.print(render_heading(report), highlight=False)
+    console.print(render_breakdown(report))
+    for line in render_notes(report):
+        console.print(line)
+    return 0
+
+
+def render_heading(report: EstimateReport) -> str:
+    """The configuration in one line: model, GPUs, stage, micro batch, where the peak is."""
+    stage = f"ZeRO-{report.stage}"
+    if report.weights_dtype:
+        stage += f" (no DeepSpeed, {report.weights_dtype} weights)"
+    return (
+        f"{report.model} on {report.world_size} x {report.gpu}: {stage}, "
+        f"micro {report.micro_batch}, seq {report.seq_len}, peak in {report.peak_phase} "
+        f"({report.stack} stack: {report.optimizer}, loss {report.loss_path})"
     )
+
+
+def render_breakdown(report: EstimateReport):
+    """The peak's components, the terms outside it and the margin, down to what the GPU holds."""
+    from rich.table import Table
+
     table = Table()
     table.add_column("component")
     table.add_column("GiB / GPU", justify="right")
-    for name, gib in result["breakdown"].items():
+    for name, gib in report.breakdown.items():
         if "not in peak" not in name:
             table.add_row(name, f"{gib:.2f}")
     table.add_row(
-        "[bold]peak (max_memory_allocated)[/bold]", f"[bold]{result['peak_gib']:.2f}[/bold]"
+        "[bold]peak (max_memory_allocated)[/bold]", f"[bold]{report.peak_gib:.2f}[/bold]"
     )
-    for name, gib in result["outside_peak_gib"].items():
+    for name, gib in report.outside_peak_gib.items():
         if gib:
             table.add_row(f"+ {name}", f"{gib:.2f}")
-    table.add_row("+ safety margin", f"{result['safety_margin_gib']:.2f}")
-    table.add_row("[bold]the GPU must hold[/bold]", f"[bold]{result['gpu_need_gib']:.2f}[/bold]")
-    console = Console()
-    console.print(heading, highlight=False)
-    console.print(table)
-    console.print(verdict_line(result))
-    if result["fits_gpu"]:
+    table.add_row("+ safety margin", f"{report.safety_margin_gib:.2f}")
+    table.add_row("[bold]the GPU must hold[/bold]", f"[bold]{report.gpu_need_gib:.2f}[/bold]")
+    return table
+
+
+def render_notes(report: EstimateReport) -> list[str]:
+    """The verdict line, then the cautions that apply: a tight fit, padding, activations that
+    are not this model's own layer or keep eager attention scores."""
+    from zerofit.planning.verdicts import estimate_verdict
+
+    lines = [estimate_verdict(report)]
+    if report.fits_gpu:
         from zerofit.memory.overheads import tight_fit_note
 
-        note = tight_fit_note(result["spare_gib"])
+        note = tight_fit_note(report.spare_gib)
         if note:
-            console.print(note)
-    if result["padding_gib"] >= 0.05:
+            lines.append(note)
+    if report.padding_gib >= 0.05:
         from zerofit.memory.activations import padding_note
 
-        console.print(padding_note(result["padding_gib"]))
-    if result["activations_basis"] == "llama_shaped":
-        console.print(
-            f"note: activations use a Llama-style decoder layer; {result['model']}'s own layer "
+        lines.append(padding_note(report.padding_gib))
+    basis = report.activations_basis
+    if basis == "llama_shaped":
+        lines.append(
+            f"note: activations use a Llama-style decoder layer; {report.model}'s own layer "
             "was not traced (transformers cannot build it here) and may keep more (extra norms, "
             "other MLPs): keep some headroom"
         )
-    elif result["activations_basis"].startswith("traced_eager"):
+    elif basis.startswith("traced_eager"):
         fix = (
             "--attention flash_attention_2 avoids them"
-            if result["activations_basis"] == "traced_eager"
+            if basis == "traced_eager"
             else "transformers has no flash attention for it either"
         )
-        console.print(
-            f"note: {result['model']} runs eager attention in transformers (no sdpa kernel for "
+        lines.append(
+            f"note: {report.model} runs eager attention in transformers (no sdpa kernel for "
             f"it), which keeps seq x seq scores in every layer ({fix})"
         )
-    return 0
+    return lines

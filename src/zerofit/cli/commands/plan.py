@@ -5,8 +5,12 @@ nothing does."""
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
 
 from zerofit.cli.answer_flags import add_answer_flags, answers_from_args
+
+if TYPE_CHECKING:
+    from zerofit.planning.plan import Plan
 
 
 def register(sub) -> None:
@@ -20,86 +24,49 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
-def build_plan_dict(p) -> dict:
-    """A Plan as plain JSON-able data."""
-    return {
-        "model": p.model_name,
-        "params": p.params,
-        "gpu": p.gpu.key,
-        "world_size": p.world_size,
-        "precision": p.precision,
-        "stage": p.stage,
-        "offload_optimizer": p.offload_optimizer,
-        "offload_param": p.offload_param,
-        "gradient_checkpointing": p.gradient_checkpointing,
-        "micro_batch": p.micro_batch,
-        "grad_accum": p.grad_accum,
-        "global_batch": p.global_batch,
-        "peak_gib": p.peak_gib,
-        "fits": p.fits,
-        "breakdown": p.breakdown_gib,
-        "cpu_gib": p.cpu_gib,
-        "decisions": [
-            {"field": d.field, "value": d.value, "reason": d.reason} for d in p.decisions
-        ],
-        "alternatives": [dict(vars(a)) for a in p.alternatives],
-        "suggestions": list(p.suggestions),
-        "gpu_need_gib": p.gpu_need_gib,
-        "spare_gib": p.spare_gib,
-        "host_ram_gib": p.host_ram_gib,
-        "host_ram_source": p.host_ram_source,
-        "failing_budget": p.failing_budget,
-        "stack": p.answers.stack,
-        "optimizer": p.optimizer,
-        "loss_path": p.loss_path,
-        "padded": p.padded,
-    }
-
-
 _FAILING_WORDS = {"host": "no: host RAM", "gpu": "no: GPU"}
 
 
-def _ram_words(p) -> str:
-    if p.host_ram_source == "this node":
-        return f"this node has {p.host_ram_gib:.1f} GiB"
-    if p.host_ram_source == "given":
-        return f"you gave {p.host_ram_gib:.1f} GiB"
-    return f"assumed {p.host_ram_gib:.1f} GiB; set --host-ram-gib"
-
-
 def run(args) -> int:
-    from zerofit.planning.plan import fused_head_hint, plan
+    from zerofit.planning.plan import plan
 
-    p = plan(answers_from_args(args))
+    result = plan(answers_from_args(args))
     if args.json:
-        print(json.dumps(build_plan_dict(p), indent=2))
+        print(json.dumps(result.as_json(), indent=2))
         return 0
     from rich.console import Console
-    from rich.table import Table
 
     console = Console()
-    if p.fits:
-        verdict = "fits"
-    elif p.failing_budget == "host":
-        verdict = (
-            f"does NOT fit: fits on the GPU but needs {p.cpu_gib:.1f} GiB of host RAM "
-            f"per node, {_ram_words(p)}"
-        )
-    elif p.failing_budget == "gpu":
-        verdict = "does NOT fit on the GPU"
-    else:
-        verdict = f"does NOT fit: neither the GPU nor the host RAM ({_ram_words(p)})"
+    console.print(render_decisions(result))
+    console.print(render_alternatives(result))
+    for line in render_notes(result):
+        console.print(line)
+    return 0
+
+
+def render_decisions(plan: Plan):
+    """The verdict as the title, then each decision with its reason."""
+    from rich.table import Table
+
+    from zerofit.planning.verdicts import plan_verdict
+
     head = Table(
-        title=f"{p.model_name} on {p.world_size} x {p.gpu.key}: {verdict}; "
-        f"peak {p.peak_gib:.1f} GiB/GPU, the GPU holds {p.gpu_need_gib:.1f} of "
-        f"{p.gpu.memory_gib * p.answers.headroom:.1f}"
+        title=f"{plan.model_name} on {plan.world_size} x {plan.gpu.key}: {plan_verdict(plan)}; "
+        f"peak {plan.peak_gib:.1f} GiB/GPU, the GPU holds {plan.gpu_need_gib:.1f} of "
+        f"{plan.gpu.memory_gib * plan.answers.headroom:.1f}"
     )
     head.add_column("decision")
     head.add_column("value")
     head.add_column("why")
-    for d in p.decisions:
-        head.add_row(d.field, str(d.value), d.reason)
-    console.print(head)
+    for decision in plan.decisions:
+        head.add_row(decision.field, str(decision.value), decision.reason)
+    return head
+
+
+def render_alternatives(plan: Plan):
+    """Every option of the grid at its best micro batch; the chosen one starred."""
+    from rich.table import Table
+
     alt = Table(title="alternatives (each at its best micro batch)")
     for col in (
         "stage",
@@ -112,37 +79,39 @@ def run(args) -> int:
         "fits",
     ):
         alt.add_column(col)
-    for a in p.alternatives:
-        chosen = (a.stage, a.offload_optimizer, a.offload_param, a.gradient_checkpointing) == (
-            p.stage,
-            p.offload_optimizer,
-            p.offload_param,
-            p.gradient_checkpointing,
-        )
+    for row in plan.alternatives:
+        chosen = row.option == plan.option
         alt.add_row(
-            ("* " if chosen else "") + str(a.stage),
-            f"{a.offload_optimizer}/{a.offload_param}" + ("" if a.pin_memory else " unpinned"),
-            "on" if a.gradient_checkpointing else "off",
-            str(a.micro_batch),
-            f"{a.peak_gib:.1f}",
-            f"{a.gpu_need_gib:.1f}",
-            f"{a.cpu_gib:.1f}",
-            "yes" if a.fits else _FAILING_WORDS.get(a.failing, "no"),
+            ("* " if chosen else "") + str(row.stage),
+            f"{row.offload_optimizer}/{row.offload_param}"
+            + ("" if row.pin_memory else " unpinned"),
+            "on" if row.gradient_checkpointing else "off",
+            str(row.micro_batch),
+            f"{row.peak_gib:.1f}",
+            f"{row.gpu_need_gib:.1f}",
+            f"{row.cpu_gib:.1f}",
+            "yes" if row.fits else _FAILING_WORDS.get(row.failing, "no"),
         )
-    console.print(alt)
-    for s in p.suggestions:
-        console.print(f"- would fit: {s}")
-    if p.fits:
+    return alt
+
+
+def render_notes(plan: Plan) -> list[str]:
+    """What would fit when nothing does, then the cautions that apply: a tight fit, padded
+    batches, what TRL's fused LM head would change."""
+    from zerofit.planning.plan import fused_head_hint
+
+    lines = [f"- would fit: {suggestion}" for suggestion in plan.suggestions]
+    if plan.fits:
         from zerofit.memory.overheads import tight_fit_note
 
-        note = tight_fit_note(p.spare_gib)
+        note = tight_fit_note(plan.spare_gib)
         if note:
-            console.print(note)
-    if p.padded and p.answers.padding is None and p.answers.attention == "sdpa":
+            lines.append(note)
+    if plan.padded and plan.answers.padding is None and plan.answers.attention == "sdpa":
         from zerofit.memory.activations import padding_note
 
-        console.print(padding_note())
-    hint = fused_head_hint(p)
+        lines.append(padding_note())
+    hint = fused_head_hint(plan)
     if hint:
-        console.print(hint)
-    return 0
+        lines.append(hint)
+    return lines
