@@ -6,8 +6,8 @@
 from __future__ import annotations
 
 import pytest
-
 from conftest import build_plan
+
 from zerofit.configs.accelerate_yaml import build_accelerate_config, render_accelerate_config
 
 
@@ -75,3 +75,55 @@ def test_render_is_deterministic_and_commented():
         "# accelerate config written by zerofit: 4 processes in total (2 per node x 2 nodes)."
     )
     assert "machine_rank: 1\n" in text
+
+
+def accelerate_launch_args(path, *argv: str):
+    """`accelerate launch --config_file PATH ARGV train.py` as accelerate resolves it
+    (commands/launch.py, _validate_launch_command: a flag wins over the file)."""
+    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+
+    parser = launch_command_parser()
+    args = parser.parse_args(["--config_file", str(path), *argv, "train.py"])
+    return _validate_launch_command(args)[0]
+
+
+def test_multi_node_header_matches_the_one_file_written(tmp_path):
+    """`zerofit config` writes one accelerate.yaml for all nodes: its header says how node N
+    uses it (--machine_rank N), and accelerate takes that flag over the file's machine_rank 0."""
+    from zerofit.configs.outputs import render_files
+
+    plan = build_plan(stage=2, gpus_per_node=2, num_nodes=3, main_process_ip="10.0.0.1")
+    files = render_files(plan)
+    assert [n for n in files if n.endswith(".yaml")] == ["accelerate.yaml", "answers.yaml"]
+    text = files["accelerate.yaml"]
+    assert "that node's file" not in text
+    assert "--machine_rank N" in text and "zerofit launch --config" in text
+    path = tmp_path / "accelerate.yaml"
+    path.write_text(text)
+    args = accelerate_launch_args(path, "--machine_rank", "2")
+    assert (args.machine_rank, args.num_machines, args.num_processes) == (2, 3, 6)
+
+
+def test_header_counts_are_singular_for_one():
+    text = render_accelerate_config(build_plan(stage=0, gpus_per_node=1, precision="fp32"))
+    assert text.startswith(
+        "# accelerate config written by zerofit: 1 process in total (1 per node x 1 node)."
+    )
+
+
+def test_stage0_writes_no_deepspeed_json_and_names_none(tmp_path):
+    """Plain DDP: nothing would read a ds_config.json, so none is written or referenced."""
+    from zerofit.configs.outputs import render_files
+
+    files = render_files(build_plan(stage=0, gpus_per_node=4), ds_config_file="ds_config.json")
+    assert sorted(files) == ["accelerate.yaml", "answers.yaml"]
+    assert "ds_config" not in files["accelerate.yaml"]
+    path = tmp_path / "accelerate.yaml"
+    path.write_text(files["accelerate.yaml"])
+    args = accelerate_launch_args(path)
+    assert args.multi_gpu and not args.use_deepspeed and args.num_processes == 4
+    assert sorted(render_files(build_plan(stage=1))) == [
+        "accelerate.yaml",
+        "answers.yaml",
+        "ds_config.json",
+    ]

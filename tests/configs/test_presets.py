@@ -1,4 +1,5 @@
-"""deepspeed_configs/ equals the builder's output, passes `check`, and DeepSpeed/accelerate accept it.
+"""deepspeed_configs/ equals the builder's output, passes `check`, and DeepSpeed/accelerate accept
+it.
 
 .venv/bin/python -m pytest tests/configs/test_presets.py -q
 """
@@ -8,9 +9,9 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from conftest import REPO
 from test_deepspeed_json import deepspeed_accepts, substitute_auto
+
 from zerofit.configs.check import check_files
 from zerofit.configs.presets import PRESETS, render_presets
 
@@ -56,14 +57,37 @@ def test_presets_pass_check_for_trainers(monkeypatch):
     )
 
 
+def accelerate_launch_args(*argv: str):
+    """The arguments `accelerate launch ARGV train.py` runs with, resolved by accelerate itself
+    (commands/launch.py, _validate_launch_command: config values fill what the flags leave)."""
+    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+
+    args, _, _ = _validate_launch_command(launch_command_parser().parse_args([*argv, "train.py"]))
+    return args
+
+
 @pytest.mark.parametrize("name", ["multi_gpu", "zero1", "zero2", "zero3"])
 def test_accelerate_yamls_load(name):
     from accelerate.commands.config.config_args import load_config_from_file
 
     cfg = load_config_from_file(str(PRESET_DIR / "accelerate" / f"{name}.yaml"))
-    assert cfg.num_processes == 8
+    assert cfg.num_processes == -1  # ClusterConfig's "not set": the node decides
     if name != "multi_gpu":
         assert (REPO / cfg.deepspeed_config["deepspeed_config_file"]).is_file()
+
+
+@pytest.mark.parametrize("name", ["multi_gpu", "zero1", "zero2", "zero3"])
+def test_presets_start_as_many_processes_as_the_node_has_gpus(name):
+    """A preset on a 4-GPU node starts 4 processes (it used to say 8 whatever the node had),
+    and a forgotten --num_processes is accelerate's one-line error, not a wrong count."""
+    config = str(PRESET_DIR / "accelerate" / f"{name}.yaml")
+    for gpus in (2, 4, 8):
+        args = accelerate_launch_args("--config_file", config, "--num_processes", str(gpus))
+        assert args.num_processes == gpus
+    with pytest.raises(ValueError, match="manually pass in `--num_processes`"):
+        accelerate_launch_args("--config_file", config)
+    readme = (PRESET_DIR / "README.md").read_text()
+    assert "--num_processes" in readme and "_validate_launch_command" in readme
 
 
 def test_cli_check_exits_0_on_every_shipped_file(monkeypatch, capsys):

@@ -47,8 +47,10 @@ def build_accelerate_config(
 
     Args:
         plan: a ``zerofit.plan.Plan``.
-        ds_config_file: path written into ``deepspeed_config_file`` (resolved from the launch directory).
-        machine_rank: this node's rank, 0 … num_nodes-1 (one file per node for multi-node).
+        ds_config_file: path written into ``deepspeed_config_file`` (resolved from the launch
+            directory).
+        machine_rank: the rank written into the file, 0 … num_nodes-1; every node can share the
+            rank-0 file and pass ``--machine_rank`` (see render_machine_rank_lines).
     """
     answers = plan.answers
     nodes = answers.num_nodes
@@ -76,10 +78,59 @@ def build_accelerate_config(
     if nodes > 1:
         cfg["main_process_ip"] = answers.main_process_ip
         cfg["main_process_port"] = answers.main_process_port
-        cfg["rdzv_backend"] = "static"  # honours machine_rank; every node gets its own file
+        cfg["rdzv_backend"] = "static"  # honours machine_rank: --machine_rank on each node
         cfg["same_network"] = True
     cfg["use_cpu"] = False
     return cfg
+
+
+def count_words(count: int, noun: str, plural: str | None = None) -> str:
+    """``1 process``, ``8 processes``: the count and its noun, singular or plural."""
+    return f"{count} {noun if count == 1 else plural or noun + 's'}"
+
+
+def render_processes_line(plan) -> str:
+    """The header's first line: how many processes the file starts, and where."""
+    nodes, per_node = plan.answers.num_nodes, plan.answers.gpus_per_node
+    return (
+        "# accelerate config written by zerofit: "
+        f"{count_words(plan.world_size, 'process', 'processes')} in total "
+        f"({per_node} per node x {count_words(nodes, 'node')})."
+    )
+
+
+def render_deepspeed_lines(plan, ds_config_file: str) -> list[str]:
+    """Header lines naming the DeepSpeed JSON and the precision flag its "auto" needs."""
+    if plan.stage == 0:
+        return []
+    relative = ", opened relative to the directory you launch from"
+    where = "" if os.path.isabs(ds_config_file) else relative
+    lines = [
+        f"# DeepSpeed settings (ZeRO-{plan.stage}, precision, batch sizes) live in "
+        f"{ds_config_file}{where}."
+    ]
+    if plan.answers.flavour == "auto" and plan.precision in ("bf16", "fp16"):
+        lines.append(
+            f'# Its precision is "auto": pass --{plan.precision} to the HF Trainer / '
+            f"TRL, or --mixed_precision {plan.precision} to accelerate launch (else fp32)."
+        )
+    return lines
+
+
+def render_machine_rank_lines(plan, machine_rank: int) -> list[str]:
+    """Multi-node: how every node uses this one file.
+
+    ``accelerate launch`` takes a flag over the file's value (accelerate commands/launch.py,
+    ``_validate_launch_command``: a config value fills only the arguments left unset), so each
+    node runs the same file and adds its own ``--machine_rank``.
+    """
+    if plan.answers.num_nodes == 1:
+        return []
+    return [
+        f"# Every node uses this file (it says machine_rank {machine_rank}): on node N run "
+        "`accelerate launch --config_file <this file> --machine_rank N ...`,",
+        "# or let `zerofit launch --config <this file>` write each node's command.",
+    ]
 
 
 def render_accelerate_config(
@@ -89,29 +140,9 @@ def render_accelerate_config(
     import yaml
 
     cfg = build_accelerate_config(plan, ds_config_file=ds_config_file, machine_rank=machine_rank)
-    nodes = plan.answers.num_nodes
     header = [
-        f"# accelerate config written by zerofit: {plan.world_size} processes in total "
-        f"({plan.answers.gpus_per_node} per node x {nodes} node{'s' if nodes > 1 else ''})."
+        render_processes_line(plan),
+        *render_deepspeed_lines(plan, ds_config_file),
+        *render_machine_rank_lines(plan, machine_rank),
     ]
-    if plan.stage > 0:
-        where = (
-            ""
-            if os.path.isabs(ds_config_file)
-            else ", opened relative to the directory you launch from"
-        )
-        header.append(
-            f"# DeepSpeed settings (ZeRO-{plan.stage}, precision, batch sizes) live in "
-            f"{ds_config_file}{where}."
-        )
-        if plan.answers.flavour == "auto" and plan.precision in ("bf16", "fp16"):
-            header.append(
-                f'# Its precision is "auto": pass --{plan.precision} to the HF Trainer / '
-                f"TRL, or --mixed_precision {plan.precision} to accelerate launch (else fp32)."
-            )
-    if nodes > 1:
-        header.append(
-            f"# This file is for machine_rank {machine_rank}; run the same command on every node "
-            "with that node's file."
-        )
     return "\n".join(header) + "\n" + yaml.safe_dump(cfg, sort_keys=False)

@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 
 from zerofit.configs.accelerate_yaml import DS_CONFIG_FILE, render_accelerate_config
+from zerofit.configs.deepspeed_json import build_zero_config
 from zerofit.errors import ZerofitError
 from zerofit.planning.answers import Answers, render_answers
-from zerofit.configs.deepspeed_json import build_zero_config
 
-FILE_NAMES = ("ds_config.json", "accelerate.yaml", "answers.yaml")
+FILE_NAMES = ("ds_config.json", "accelerate.yaml", "answers.yaml")  # every file it may write
 
 
 def render_zero_config(plan) -> str:
@@ -20,18 +20,19 @@ def render_zero_config(plan) -> str:
 def render_files(plan, ds_config_file: str = DS_CONFIG_FILE) -> dict[str, str]:
     """{"ds_config.json", "accelerate.yaml", "answers.yaml"} texts for ``plan``.
 
+    A stage-0 plan runs plain DDP: its accelerate.yaml names no DeepSpeed file, so none is written.
+
     Args:
         plan: a ``zerofit.plan.Plan``.
         ds_config_file: how accelerate.yaml refers to the JSON; the CLI passes an absolute path,
             because accelerate opens it relative to each worker's working directory.
     """
-    return {
-        "ds_config.json": render_zero_config(plan),
-        "accelerate.yaml": render_accelerate_config(
-            plan, machine_rank=0, ds_config_file=ds_config_file
-        ),
-        "answers.yaml": render_answers(plan.answers),
-    }
+    files = {"ds_config.json": render_zero_config(plan)} if plan.stage > 0 else {}
+    files["accelerate.yaml"] = render_accelerate_config(
+        plan, machine_rank=0, ds_config_file=ds_config_file
+    )
+    files["answers.yaml"] = render_answers(plan.answers)
+    return files
 
 
 def build_files(answers: Answers, ds_config_file: str = DS_CONFIG_FILE):
