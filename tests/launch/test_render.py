@@ -176,3 +176,37 @@ def test_hostile_host_is_refused(host) -> None:
         validate_spec(
             LaunchSpec(nodes=2, procs_per_node=1, main_addr=host, main_port=1, script="t.py")
         )
+
+
+@pytest.mark.parametrize("style", STYLES)
+def test_headers_count_in_words(style) -> None:
+    """'1 process', '1 node', '8 processes': never '(es)' or '1 processes'."""
+    import re
+
+    def headers(nodes: int, procs: int) -> str:
+        spec = LaunchSpec(
+            nodes=nodes,
+            procs_per_node=procs,
+            main_addr="127.0.0.1",
+            main_port=29500,
+            script="t.py",
+            style=style,
+            config_files=("acc.yaml",) if style == "accelerate" else (),
+        )
+        return "".join(render_launch_files(spec).values())
+
+    one = headers(1, 1)
+    assert "(es)" not in one and not re.search(r"\b1 (processes|nodes|GPUs)\b", one)
+    assert re.search(r"\b8 (processes|GPUs)\b", headers(2, 8))
+    with pytest.raises(ZerofitError, match="1 host for 2 nodes"):
+        validate_spec(
+            LaunchSpec(
+                nodes=2,
+                procs_per_node=1,
+                main_addr="h0",
+                main_port=1,
+                script="t.py",
+                style="deepspeed",
+                hostnames=("h0",),
+            )
+        )

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from zerofit.errors import ZerofitError
-from zerofit.launch.commands import LaunchSpec, validate_spec
+from zerofit.launch.commands import LaunchSpec, count_words, validate_spec
 
 # ClusterConfig.deepspeed_config key -> the variable `accelerate launch` exports for it, so a
 # torchrun / env / deepspeed launch of the same script configures DeepSpeed identically.
@@ -64,7 +64,7 @@ def validate_cluster_configs(configs: list[dict[str, Any]]) -> dict[str, Any]:
         if len(configs) != machines:
             raise ZerofitError(
                 "config",
-                f"{len(configs)} config files for num_machines {machines}",
+                f"{count_words(len(configs), 'config file')} for num_machines {machines}",
                 "give one file per node, or one shared file",
             )
         if sorted(ranks) != list(range(machines)):

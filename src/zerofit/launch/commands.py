@@ -25,6 +25,11 @@ _SLURM_TIME = re.compile(r"^(\d+-)?\d+(:\d{1,2}){0,2}$")
 _DS_ENV_UNSAFE = re.compile(r'[$`"\\\n\0]')
 
 
+def count_words(count: int, noun: str, plural: str | None = None) -> str:
+    """``1 node``, ``2 nodes``: the count and its noun, singular or plural."""
+    return f"{count} {noun if count == 1 else plural or noun + 's'}"
+
+
 class ShellVar(str):
     """A token rendered unquoted so the shell expands it on each node, e.g. ``"$SLURM_NODEID"``."""
 
@@ -125,7 +130,8 @@ def validate_spec(spec: LaunchSpec) -> LaunchSpec:
     if len(spec.config_files) not in (0, 1, spec.nodes):
         raise ZerofitError(
             "config",
-            f"{len(spec.config_files)} config files for {spec.nodes} nodes",
+            f"{count_words(len(spec.config_files), 'config file')} for "
+            f"{count_words(spec.nodes, 'node')}",
             "give one shared accelerate.yaml or exactly one per node",
         )
     if spec.style == "accelerate" and not spec.config_files:
@@ -138,7 +144,7 @@ def validate_spec(spec: LaunchSpec) -> LaunchSpec:
         if len(spec.hostnames) != spec.nodes:
             raise ZerofitError(
                 "hosts",
-                f"{len(spec.hostnames)} hosts for {spec.nodes} nodes",
+                f"{count_words(len(spec.hostnames), 'host')} for {count_words(spec.nodes, 'node')}",
                 "list one host per node",
             )
         if len(set(spec.hostnames)) != len(spec.hostnames):

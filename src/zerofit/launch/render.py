@@ -24,6 +24,7 @@ from zerofit.launch.commands import (
     build_rank_env,
     build_remote_env,
     build_torchrun_cmd,
+    count_words,
     find_output_dir,
     validate_spec,
 )
@@ -78,6 +79,7 @@ def template_environment():
         shell_words=shell_words,
         shell_command=quote_cmd,
         one_line=one_line,
+        count_words=count_words,
     )
     return env
 
