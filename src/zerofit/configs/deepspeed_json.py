@@ -16,8 +16,9 @@ Two flavours (``plan.answers.flavour``):
     ``gradient_accumulation_steps``, ``max_grad_norm`` (Trainer); from the prepared DataLoader, the
     Accelerator's accumulation and 1.0 (accelerate).
   - ``fp16.enabled`` / ``bf16.enabled``: ``fill_match`` from ``args.fp16`` / ``args.bf16``
-    (Trainer); from ``--mixed_precision`` (accelerate ``set_mixed_precision``). Both blocks are written, as in
-    the HF docs' templates, fp16 with its dynamic loss-scaling knobs, so either flag works.
+    (Trainer); from ``--mixed_precision`` (accelerate ``set_mixed_precision``). Both blocks are
+    written, as in the HF docs' templates, fp16 with its dynamic loss-scaling knobs, so either flag
+    works.
   - ``optimizer.params.{lr,betas,eps,weight_decay}`` (only with ``--optimizer-block``):
     ``fill_match`` from ``learning_rate``, ``adam_beta1/2``, ``adam_epsilon``, ``weight_decay``.
   - the hidden-size buckets (``reduce_bucket_size``, ``stage3_prefetch_bucket_size``,
@@ -54,8 +55,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from zerofit.memory.ds_defaults import ds_bucket_sizes
 from zerofit.errors import ZerofitError
+from zerofit.memory.ds_defaults import ds_bucket_sizes
 
 # What accelerate (Accelerator._prepare_deepspeed) and transformers' HfTrainerDeepSpeedConfig
 # substitute for "auto" in these zero_optimization keys, given the model's hidden size.
@@ -140,7 +141,8 @@ def build_zero_section(plan, auto: bool = False) -> dict[str, Any]:
     if plan.offload_optimizer != "none":
         zero["offload_optimizer"] = _offload_block(plan.offload_optimizer, nvme_path, pin)
     if stage == 3:
-        # offload_param exists only at stage 3 (DeepSpeed ignores it below; zerofit never writes it there).
+        # offload_param exists only at stage 3 (DeepSpeed ignores it below; zerofit never writes
+        # it there).
         if plan.offload_param != "none":
             zero["offload_param"] = _offload_block(plan.offload_param, nvme_path, pin)
         # Without this, save_model()/save_pretrained under ZeRO-3 writes near-empty weight files.
@@ -162,8 +164,9 @@ def _offload_block(device: str, nvme_path: str | None, pin: bool) -> dict[str, A
 
 
 def _comment(plan, auto: bool) -> str:
-    # DeepSpeed reads known top-level keys and ignores the rest, so a "_comment" key is safe at the top
-    # level (inside zero_optimization it is not: that section is a pydantic model with extra="forbid").
+    # DeepSpeed reads known top-level keys and ignores the rest, so a "_comment" key is safe at the
+    # top level (inside zero_optimization it is not: that section is a pydantic model with
+    # extra="forbid").
     parts = [f"zerofit: ZeRO stage {plan.stage}", plan.precision]
     if plan.offload_optimizer != "none":
         parts.append(f"optimizer offload to {plan.offload_optimizer} (DeepSpeedCPUAdam)")
