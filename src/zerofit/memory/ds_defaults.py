@@ -46,7 +46,7 @@ def import_deepspeed(module: str = "deepspeed") -> ModuleType:
     logger's handler is pointed back at the real stdout afterwards. A broken install (missing,
     or failing at import) is one ZerofitError naming the fix.
     """
-    if "deepspeed" not in sys.modules:
+    if sys.modules.get("deepspeed") is None:  # None: an import that failed, or was blocked
         buffer = io.StringIO()
         try:
             with redirect_stdout(buffer):

@@ -12,10 +12,11 @@ def register(sub) -> None:
     p = sub.add_parser(
         "check",
         help="validate DeepSpeed JSON and accelerate YAML files",
-        description="Report every problem in DeepSpeed JSON / accelerate YAML files at once, each with its "
-        "field path and fix. A YAML's deepspeed_config_file is checked with it. Keys and values "
-        "are judged by the installed DeepSpeed and accelerate (their own config classes and "
-        "loader); zerofit's cross-file rules come on top. "
+        description="Report every problem in DeepSpeed JSON / accelerate YAML files at once, each "
+        "with its field path and fix. A YAML's deepspeed_config_file is checked with it, as "
+        "DeepSpeed JSON whatever its name. Keys and values are judged by the installed "
+        "DeepSpeed and accelerate (their own config classes and loader); zerofit's cross-file "
+        "rules come on top. "
         "Exit 0 clean or warnings only, 1 errors (or warnings with --strict), 2 usage error.",
     )
     p.add_argument(
@@ -49,15 +50,13 @@ def _read(path: str) -> str:
 
 
 def run(args) -> int:
-    from zerofit.configs.check import check_files
+    from zerofit.configs.check import check_files, engine
 
     gpu_bf16 = None
     if args.gpu:
         from zerofit.hardware import lookup
 
         gpu_bf16 = lookup(args.gpu).bf16
-    from zerofit.configs.check import engine
-
     client = args.client or ("trainer" if args.trainer else None)
     texts = {path: _read(path) for path in args.files}
     texts.update(_referenced(texts))
@@ -67,56 +66,40 @@ def run(args) -> int:
     judge = engine()
     errors = [p for p in problems if p.severity != "warning" or args.strict]
     if args.json:
-        print(
-            json.dumps(
-                {
-                    "files": list(texts),
-                    "checked_with": judge,
-                    "problems": [p.to_dict() for p in problems],
-                },
-                indent=2,
-            )
-        )
-    else:
-        for p in problems:
-            prefix = "warning: " if p.severity == "warning" else ""
-            print(prefix + p.render())
+        report = {
+            "files": list(texts),
+            "checked_with": judge,
+            "problems": [p.to_dict() for p in problems],
+        }
+        print(json.dumps(report, indent=2))
+        return 1 if errors else 0
+    for p in problems:
+        prefix = "warning: " if p.severity == "warning" else ""
+        print(prefix + p.render())
+    if not errors:
         n = f"{len(texts)} file{'s' if len(texts) != 1 else ''}"
-        if not errors:
-            warned = len(problems)
-            print(
-                f"ok: {n}"
-                + (f", {warned} warning{'s' if warned != 1 else ''}" if warned else ", no problems")
-                + f" (checked with {judge})"
-            )
-        elif "tables" in judge:
-            print(
-                f"note: checked with {judge}; install deepspeed and accelerate for their own checks"
-            )
+        warned = len(problems)
+        print(
+            f"ok: {n}"
+            + (f", {warned} warning{'s' if warned != 1 else ''}" if warned else ", no problems")
+            + f" (checked with {judge})"
+        )
     return 1 if errors else 0
 
 
 def _referenced(texts: dict[str, str]) -> dict[str, str]:
-    """DeepSpeed JSON files named by a given YAML's deepspeed_config_file, read when they exist."""
-    import yaml
+    """Files named by a given YAML's deepspeed_config_file, read when they exist (check reads
+    them as DeepSpeed JSON whatever their name, as accelerate does)."""
+    from zerofit.configs.check import referenced_files
 
     extra = {}
-    for name, text in texts.items():
-        if not name.lower().endswith((".yaml", ".yml")):
+    for ref in referenced_files(texts):
+        if not Path(ref).is_file() or any(
+            Path(n).resolve() == Path(ref).resolve() for n in [*texts, *extra]
+        ):
             continue
         try:
-            data = yaml.safe_load(text)
-        except yaml.YAMLError:
+            extra[ref] = Path(ref).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
             continue
-        ds = data.get("deepspeed_config") if isinstance(data, dict) else None
-        ref = ds.get("deepspeed_config_file") if isinstance(ds, dict) else None
-        if (
-            isinstance(ref, str)
-            and Path(ref).is_file()
-            and not any(Path(n).resolve() == Path(ref).resolve() for n in texts)
-        ):
-            try:
-                extra[ref] = Path(ref).read_text(encoding="utf-8")
-            except (OSError, UnicodeDecodeError):
-                continue
     return extra
