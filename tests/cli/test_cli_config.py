@@ -274,26 +274,3 @@ def test_wizard_save_default_writes_the_same_yaml(tmp_path, monkeypatch, capsys)
         main(["wizard", *ARGS, "--defaults", "--out", str(tmp_path / "w2"), "--save-default"]) == 2
     )
     assert not (tmp_path / "w2").exists()
-
-
-def test_check_says_when_it_falls_back_to_the_tables(tmp_path, monkeypatch, capsys):
-    from zerofit.configs import check_ecosystem
-
-    monkeypatch.setattr(check_ecosystem, "deepspeed_version", lambda: None)
-    monkeypatch.setattr(check_ecosystem, "accelerate_version", lambda: None)
-    good = tmp_path / "ds.json"
-    good.write_text(
-        json.dumps(
-            {
-                "train_batch_size": 4,
-                "train_micro_batch_size_per_gpu": 2,
-                "gradient_accumulation_steps": 2,
-                "zero_optimization": {"stage": 2},
-            }
-        )
-    )
-    assert main(["check", str(good)]) == 0
-    assert "zerofit's key tables (DeepSpeed/accelerate not importable)" in capsys.readouterr().out
-    good.write_text(json.dumps({"zero_optimization": {"stage": 7}}))
-    assert main(["check", str(good)]) == 1
-    assert "install deepspeed and accelerate" in capsys.readouterr().out
