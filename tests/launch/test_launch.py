@@ -263,6 +263,12 @@ exit $status
 
 @pytest.fixture
 def fakebin(tmp_path: Path) -> tuple[dict, Path]:
+    return make_fake_tools(tmp_path)
+
+
+def make_fake_tools(tmp_path: Path) -> tuple[dict, Path]:
+    """Recording stand-ins in tmp_path/bin: (an environment with them first on PATH, where each
+    run leaves its argv, environment and working directory as JSON)."""
     bin_dir, rec = tmp_path / "bin", tmp_path / "rec"
     bin_dir.mkdir()
     rec.mkdir()

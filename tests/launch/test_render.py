@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO
-from test_launch import fakebin, records  # noqa: F401  (fakebin is a fixture)
+from test_launch import make_fake_tools, records
 
 from zerofit.errors import ZerofitError
 from zerofit.launch.commands import STYLES, LaunchSpec, validate_spec
@@ -116,8 +116,8 @@ TOOL = {"accelerate": "accelerate", "slurm": "accelerate", "env": "fakepy"}  # e
 
 
 @pytest.mark.parametrize("style", STYLES)
-def test_no_value_runs_as_a_command_in_any_style(style, fakebin, tmp_path) -> None:  # noqa: F811
-    env, rec = fakebin
+def test_no_value_runs_as_a_command_in_any_style(style, tmp_path) -> None:
+    env, rec = make_fake_tools(tmp_path)
     safe = "work_dir" if style == "deepspeed" else "work dir $(touch pwned)"
     workdir = tmp_path / safe
     spec = hostile_spec(style, tmp_path, workdir)
