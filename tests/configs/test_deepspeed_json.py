@@ -1,4 +1,5 @@
-"""build_zero_config: every stage x offload x precision, both flavours; DeepSpeed's own config class accepts them.
+"""build_zero_config: every stage x offload x precision, both flavours; DeepSpeed's own config
+class accepts them.
 
 .venv/bin/python -m pytest tests/configs/test_deepspeed_json.py -q
 """
@@ -8,10 +9,10 @@ from __future__ import annotations
 import itertools
 
 import pytest
-
 from conftest import build_plan
-from zerofit.errors import ZerofitError
+
 from zerofit.configs.deepspeed_json import build_zero_config
+from zerofit.errors import ZerofitError
 
 COMBOS = [
     (s, o, p, prec)
@@ -70,7 +71,8 @@ def substitute_auto(
 
 
 def deepspeed_accepts(ds: dict, world: int):
-    """Parse ``ds`` with deepspeed.runtime.config.DeepSpeedConfig at ``world`` processes; return it."""
+    """Parse ``ds`` with deepspeed.runtime.config.DeepSpeedConfig at ``world`` processes; return
+    it."""
     from unittest import mock
 
     from deepspeed.runtime.config import DeepSpeedConfig
@@ -114,7 +116,8 @@ def test_auto_flavour_fills_auto_only_where_it_resolves_to_ds_defaults():
     ds2 = build_zero_config(_plan(2, flavour="auto"))
     assert ds2["train_batch_size"] == ds2["train_micro_batch_size_per_gpu"] == "auto"
     assert ds2["gradient_accumulation_steps"] == ds2["gradient_clipping"] == "auto"
-    # stage 2: "auto" would become hidden² (16.7M), not the 5e8 the memory model counts -> stays numeric
+    # stage 2: "auto" would become hidden² (16.7M), not the 5e8 the memory model counts -> stays
+    # numeric
     assert ds2["zero_optimization"]["reduce_bucket_size"] == 500_000_000
     z3 = build_zero_config(_plan(3, flavour="auto"))["zero_optimization"]
     assert z3["reduce_bucket_size"] == z3["stage3_prefetch_bucket_size"] == "auto"
@@ -123,8 +126,9 @@ def test_auto_flavour_fills_auto_only_where_it_resolves_to_ds_defaults():
 
 
 def test_auto_flavour_precision_is_auto_with_the_hf_docs_loss_scaling():
-    # transformers trainer_config_process fill_match("fp16.enabled"/"bf16.enabled") from --fp16/--bf16,
-    # accelerate set_mixed_precision from --mixed_precision: any precision flag works with one file.
+    # transformers trainer_config_process fill_match("fp16.enabled"/"bf16.enabled") from
+    # --fp16/--bf16, accelerate set_mixed_precision from --mixed_precision: any precision flag
+    # works with one file.
     for precision in ("bf16", "fp16", "fp32"):
         ds = build_zero_config(_plan(2, precision=precision, flavour="auto"))
         assert ds["bf16"] == {"enabled": "auto"}

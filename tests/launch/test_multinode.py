@@ -1,11 +1,13 @@
-"""Two "nodes" on one machine: the node0.sh / node1.sh that `zerofit launch` writes, run side by side.
+"""Two "nodes" on one machine: the node0.sh / node1.sh that `zerofit launch` writes, run side by
+side.
 
 Each node is one CPU process (gloo) training a tiny Qwen2 with DeepSpeed ZeRO-2 for a few real
 steps, rendezvousing over 127.0.0.1 on a free port. Also: a node killed mid-run makes the other
 exit non-zero with a clear message instead of hanging, and a node that never joins makes the main
 node give up after the configured rendezvous timeout.
 
-Run: .venv/bin/python -m pytest tests/launch/test_multinode.py -q   (serial; ~15-25 s per run when warm)
+Run: .venv/bin/python -m pytest tests/launch/test_multinode.py -q
+(serial; ~15-25 s per run when warm)
 """
 
 from __future__ import annotations
@@ -21,8 +23,8 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import GRPO_TWO_NODE_FLAGS, two_node_config_argv
+
 from zerofit.cli.main import main
 
 pytestmark = pytest.mark.distributed
@@ -79,9 +81,9 @@ def render(cluster: Path, style: str, *train_args: str, timeout: int = 60) -> Pa
 
 @pytest.fixture(scope="module")
 def tools(tmp_path_factory) -> str:
-    """PATH with the venv's launchers but NOT its pip `ninja`: torch JIT-builds DeepSpeed's shm op with
-    whichever ninja is first on PATH, and the venv's (1.13) and the system's (1.11) record different
-    command hashes, so alternating them rebuilds the op (~50 s) on every switch."""
+    """PATH with the venv's launchers but NOT its pip `ninja`: torch JIT-builds DeepSpeed's shm op
+    with whichever ninja is first on PATH, and the venv's (1.13) and the system's (1.11) record
+    different command hashes, so alternating them rebuilds the op (~50 s) on every switch."""
     bin_dir = tmp_path_factory.mktemp("bin")
     names = ["accelerate", "torchrun"]  # env style gets --python sys.executable
     if (
@@ -173,7 +175,7 @@ def test_two_nodes_train_and_exit_zero(cluster: Path, style: str, tools: str) ->
 
 
 def test_grpo_recipe_on_two_nodes(tmp_path: Path, monkeypatch, tools: str) -> None:
-    """The GRPO recipe (tiny built-in model and toy task) through `zerofit config` + `zerofit launch`."""
+    """The GRPO recipe (tiny built-in model, toy task) through `zerofit config` and `launch`."""
     monkeypatch.chdir(tmp_path)
     assert main(two_node_config_argv(free_port(), *GRPO_TWO_NODE_FLAGS, gpu="L4")) == 0
     assert (
@@ -267,7 +269,7 @@ def test_node_that_never_joins_times_out(cluster: Path, tools: str) -> None:
     assert "RendezvousTimeoutError" in text and "zerofit: node 0 failed with exit status" in text
 
 
-# --- two network namespaces joined by a veth pair: separate addresses, a real (virtual) link ---------
+# --- two network namespaces joined by a veth pair: separate addresses, a real (virtual) link ------
 def _ip(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(["ip", *args], capture_output=True, text=True, timeout=20)
 
