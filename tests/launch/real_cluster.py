@@ -14,6 +14,7 @@ skip and say why.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import shutil
 import signal
@@ -289,7 +290,7 @@ def slurm_cluster(tmp_path_factory):
                         env=env,
                     )
                 )
-                for ns, node in zip(hosts.names, nodes):
+                for ns, node in zip(hosts.names, nodes, strict=True):
                     daemons.append(
                         subprocess.Popen(
                             in_ns(ns, ["slurmd", "-D", "-f", str(conf), "-N", node]),
@@ -371,6 +372,15 @@ class SshHosts:
         return f"-F {self.root / 'ssh_config'}"
 
 
+def sshd_answers(daemons: list, ssh, ns: str, addr: str) -> bool:
+    """True once ``addr``'s sshd takes a login from namespace ``ns``; fails if an sshd exited."""
+    for p in daemons:
+        if p.poll() is not None:
+            pytest.fail(f"sshd exited: {p.stderr.read().decode()[-800:]}")
+    cmd = ["ssh", *ssh.ssh_args.split(), f"root@{addr}", "true"]
+    return run(in_ns(ns, cmd), timeout=20).returncode == 0
+
+
 @pytest.fixture
 def ssh_hosts(tmp_path_factory):
     """sshd in each of two namespaces, accepting a key made for the test only."""
@@ -395,7 +405,7 @@ def ssh_hosts(tmp_path_factory):
         with namespace_pair(tag, "10.79.0") as hosts:
             try:
                 sshd = shutil.which("sshd") or "/usr/sbin/sshd"
-                for ns, addr in zip(hosts.names, hosts.addrs):
+                for ns, addr in zip(hosts.names, hosts.addrs, strict=True):
                     conf = root / f"sshd-{addr}.conf"
                     conf.write_text(
                         SSHD_CONF.format(
@@ -417,18 +427,13 @@ def ssh_hosts(tmp_path_factory):
                     f'#!/bin/sh\nexec {real_ssh} -F {root / "ssh_config"} "$@"\n'
                 )
                 (ssh.bin_dir / "ssh").chmod(0o755)
-                for ns, addr in zip(
-                    hosts.names, hosts.addrs
-                ):  # each sshd answers before the test starts
-
-                    def answers() -> bool:
-                        for p in daemons:
-                            if p.poll() is not None:
-                                pytest.fail(f"sshd exited: {p.stderr.read().decode()[-800:]}")
-                        cmd = ["ssh", *ssh.ssh_args.split(), f"root@{addr}", "true"]
-                        return run(in_ns(hosts.names[0], cmd), timeout=20).returncode == 0
-
-                    wait_until(f"sshd on {addr}", answers, 30, every=0.5)
+                for addr in hosts.addrs:  # each sshd answers before the test starts
+                    wait_until(
+                        f"sshd on {addr}",
+                        functools.partial(sshd_answers, daemons, ssh, hosts.names[0], addr),
+                        30,
+                        every=0.5,
+                    )
                 yield ssh
             finally:
                 stop_daemons(daemons)
