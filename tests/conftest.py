@@ -66,16 +66,17 @@ def build_plan(
     """A Plan made directly from Answers fields (no planner): stage/offload/micro taken from the
     answers.
 
-    Unset knobs default to stage 2, no offload, micro batch 1, precision bf16.
+    Unset knobs default to stage 2, no offload, micro batch 1, precision bf16, explicit flavour.
     """
     from zerofit.hardware import lookup
-    from zerofit.planning.answers import Answers, validate_answers
+    from zerofit.planning.answers import Answers
     from zerofit.planning.plan import Plan
 
     answer_fields.setdefault("stage", 2)
     answer_fields.setdefault("micro_batch", 1)
     answer_fields.setdefault("precision", "bf16")
-    answers = validate_answers(Answers(**answer_fields))
+    answer_fields.setdefault("flavour", "explicit")
+    answers = Answers(**answer_fields)  # validated on construction
     world = answers.world_size
     return Plan(
         answers=answers,
@@ -159,6 +160,8 @@ def two_node_config_argv(port: int | str, *extra: str, gpu: str = "H100-SXM") ->
         "2",
         "--stage",
         "2",
+        "--flavor",  # the recipes are plain accelerate loops: the numbers written out
+        "explicit",
         *extra,
         "--main-process-port",
         str(port),

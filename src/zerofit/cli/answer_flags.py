@@ -1,15 +1,19 @@
 """CLI flags for every Answers field, shared by estimate/plan/config/wizard so they cannot drift.
 
-Flag names are the field names with dashes (``--gpus-per-node``); ``--nodes`` and
-``--answers FILE`` are extra. Values given on the command line override the answers file.
+Flag names are the field names with dashes (``--gpus-per-node``), except ``--flavor`` (the
+``flavour`` field); ``_FLAG_NAMES`` lists those and the aliases (``--nodes``, ``--flavour``,
+``--main-addr``). ``--answers FILE`` is extra. Values given on the command line override the file.
 """
 
 from __future__ import annotations
 
 import argparse
+import types
+import typing
 from dataclasses import fields
 from pathlib import Path
 
+from zerofit.errors import ZerofitError
 from zerofit.planning.answers import (
     CHOICES,
     Answers,
@@ -17,9 +21,8 @@ from zerofit.planning.answers import (
     answers_to_dict,
     load_answers,
 )
-from zerofit.errors import ZerofitError
 
-# Answers' own choices, plus the ZeRO stages (validate_answers checks those with a range)
+# Answers' own choices, plus the ZeRO stages (Answers checks those with a range)
 _CHOICES = {**CHOICES, "stage": (0, 1, 2, 3)}
 _HELP = {
     "model": "built-in name (e.g. qwen2.5-7b), config.json, model directory, or hub id",
@@ -31,7 +34,9 @@ _HELP = {
     "stage": "ZeRO stage (default: the planner picks)",
     "micro_batch": "sequences per GPU per forward (default: the planner picks)",
     "gradient_checkpointing": "recompute activations in backward (default: the planner picks)",
-    "flavour": "explicit numbers, or 'auto' values for HF Trainer / TRL",
+    "flavour": "explicit numbers, or 'auto' values the HF Trainer / TRL fill from their arguments "
+    "(default: auto for --stack hf, explicit for accelerate and deepspeed)",
+    "main_process_ip": "the main node's IP address or hostname (multi-node; default 127.0.0.1)",
     "optimizer_block": "write an AdamW `optimizer` block into the DeepSpeed JSON (plain DeepSpeed "
     "scripts that call deepspeed.initialize without their own optimizer)",
     "headroom": "fraction of GPU memory a plan may use (default 1.0: the safety margin and the "
@@ -57,7 +62,27 @@ _HELP = {
     "TRL given a model name, our recipes) or bf16 (torch_dtype=bfloat16; Adam states and grads "
     "then are bf16 too)",
 }
-_ALIASES = {"num_nodes": ["--nodes"]}
+# Flags named otherwise than their field: the first name is the documented one; the others keep
+# older spellings working (--flavour) or match launch/doctor's name for one thing (--main-addr).
+_FLAG_NAMES = {
+    "num_nodes": ["--num-nodes", "--nodes"],
+    "flavour": ["--flavor", "--flavour"],
+    "main_process_ip": ["--main-process-ip", "--main-addr"],
+}
+
+
+def flag_type(name: str) -> type:
+    """bool, int, float or str: what the field holds besides None (a Literal: its values' type).
+
+    Read from the field's annotation (typing.get_type_hints resolves them and drops the Annotated
+    bounds), so a new field gets the right flag without a table here.
+    """
+    hint = typing.get_type_hints(Answers)[name]
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        hint = next(arg for arg in typing.get_args(hint) if arg is not type(None))
+    if typing.get_origin(hint) is typing.Literal:
+        return type(typing.get_args(hint)[0])
+    return hint
 
 
 def add_answer_flags(parser: argparse.ArgumentParser) -> None:
@@ -66,20 +91,16 @@ def add_answer_flags(parser: argparse.ArgumentParser) -> None:
         "--answers", metavar="FILE", help="answers.yaml to start from (flags override it)"
     )
     for f in fields(Answers):
-        flag = "--" + f.name.replace("_", "-")
-        names = [flag] + _ALIASES.get(f.name, [])
+        names = _FLAG_NAMES.get(f.name, ["--" + f.name.replace("_", "-")])
         kwargs: dict = {"dest": f.name, "default": None, "help": _HELP.get(f.name)}
-        if "bool" in f.type:
+        kind = flag_type(f.name)
+        if kind is bool:
             kwargs["action"] = argparse.BooleanOptionalAction
         else:
-            kwargs["type"] = (
-                int
-                if f.name in ("stage",) or f.type.startswith("int")
-                else (float if f.type.startswith("float") else str)
-            )
+            kwargs["type"] = kind
             if f.name in _CHOICES:
                 kwargs["choices"] = _CHOICES[f.name]
-            kwargs["metavar"] = f.name.upper()
+            kwargs["metavar"] = names[0].lstrip("-").replace("-", "_").upper()
         parser.add_argument(*names, **kwargs)
 
 

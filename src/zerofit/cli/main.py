@@ -1,4 +1,4 @@
-"""`zerofit` entry point: argument parsing and error reporting only; commands live in zerofit.cli.commands.
+"""`zerofit` entry point: argument parsing and error reporting; commands live in cli/commands/.
 
 Start-up must stay fast: nothing here (or in a command's ``register``) may import torch,
 deepspeed or transformers; commands import heavy modules inside ``run``.
