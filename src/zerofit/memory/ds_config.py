@@ -10,21 +10,41 @@ from the training arguments), so they are left to the estimate's own inputs.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from zerofit.errors import ZerofitError
-from zerofit.memory.ds_defaults import ds_bucket_sizes
+from zerofit.memory.ds_defaults import ZERO_BUCKET_FIELDS, ds_bucket_sizes, import_deepspeed
 
-# zero_optimization key -> the DeepSpeedZeroConfig attribute holding DeepSpeed's default
-_BUCKET_FIELDS = {
-    "reduce_bucket_size": "reduce_bucket_size",
-    "allgather_bucket_size": "allgather_bucket_size",
-    "stage3_prefetch_bucket_size": "prefetch_bucket_size",
-    "stage3_param_persistence_threshold": "param_persistence_threshold",
-    "stage3_max_live_parameters": "max_live_parameters",
-    "stage3_max_reuse_distance": "max_reuse_distance",
-    "sub_group_size": "sub_group_size",
+# distributed_type values whose memory zerofit does not model (an estimate would describe ZeRO)
+NOT_MODELLED = {
+    "FSDP": "estimate the DeepSpeed equivalent instead: --stage 3 for FULL_SHARD, --stage 2 for "
+    "SHARD_GRAD_OP"
 }
+
+
+def load_deepspeed_json(text: str, where: str) -> Any:
+    """The parsed JSON text of a DeepSpeed config; any parse failure is one ZerofitError."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        problem = f"is not valid JSON ({exc.msg}, line {exc.lineno})"
+    except RecursionError:
+        problem = "is not valid JSON (nested too deeply to read)"
+    raise ZerofitError(where, problem, "fix the JSON syntax")
+
+
+def load_accelerate_yaml(text: str, where: str) -> Any:
+    """The parsed YAML text of an accelerate config; any parse failure is one ZerofitError."""
+    import yaml
+
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        problem = f"is not valid YAML ({str(exc).splitlines()[0]})"
+    except RecursionError:
+        problem = "is not valid YAML (nested too deeply to read)"
+    raise ZerofitError(where, problem, "fix the YAML syntax")
 
 
 def _is_auto(value: Any) -> bool:
@@ -56,16 +76,25 @@ def read_ds_config(ds: dict, hidden_size: int) -> dict[str, Any]:
         raise ZerofitError(
             "deepspeed config", "is not a JSON object", "give a DeepSpeed config file"
         )
-    import contextlib
-    import io
-
-    # DeepSpeed logs "Setting accelerator to CPU" to stdout on import; keep --json output clean
-    with contextlib.redirect_stdout(io.StringIO()):
-        from deepspeed.runtime.zero.config import DeepSpeedZeroConfig  # the defaults DeepSpeed uses
-
     zero = ds.get("zero_optimization") or {}
     if not isinstance(zero, dict):
         raise ZerofitError("zero_optimization", "is not an object", "write a JSON object")
+    out = read_zero_block(zero, hidden_size)
+    out.update(_read_precision(ds))
+    for key, name in (
+        ("train_micro_batch_size_per_gpu", "micro_batch"),
+        ("gradient_accumulation_steps", "grad_accum"),
+        ("train_batch_size", "train_batch_size"),
+    ):
+        if key in ds and not _is_auto(ds[key]):
+            out[name] = _int(key, ds[key])
+    out.update(_read_optimizer(ds.get("optimizer"), out["offload_optimizer"]))
+    return out
+
+
+def read_zero_block(zero: dict, hidden_size: int) -> dict[str, Any]:
+    """Stage, buckets, overlap and offload from ``zero_optimization``, as DeepSpeedZeroConfig
+    parses it (its defaults for what the block leaves out)."""
     out: dict[str, Any] = {}
     stage = zero.get("stage", 0)
     if not _is_auto(stage):
@@ -75,9 +104,29 @@ def read_ds_config(ds: dict, hidden_size: int) -> dict[str, Any]:
                 "zero_optimization.stage", f"{stage} is not a ZeRO stage", "use 0, 1, 2 or 3"
             )
         out["stage"] = stage
+    parsed = _parse_zero(zero)
+    # "auto" buckets: what HF fills in at any stage (reduce_bucket_size = hidden^2, the stage-3
+    # prefetch/persistence from hidden_size): the same formula zerofit writes for stage 3
+    hf_auto = ds_bucket_sizes(hidden_size, 3)
+    out["buckets"] = {
+        key: int(hf_auto.get(key, getattr(parsed, attr)))
+        if _is_auto(zero.get(key))
+        else int(getattr(parsed, attr))
+        for key, attr in ZERO_BUCKET_FIELDS.items()
+    }
+    out["overlap_comm"] = (
+        bool(parsed.overlap_comm) if parsed.overlap_comm is not None else out.get("stage") == 3
+    )
+    out.update(_read_offload(parsed, out.get("stage", 3)))
+    return out
+
+
+def _parse_zero(zero: dict):
+    """``DeepSpeedZeroConfig`` over the block's non-"auto" values; its refusal is one error."""
+    zero_config = import_deepspeed("deepspeed.runtime.zero.config").DeepSpeedZeroConfig
     numeric = {k: v for k, v in zero.items() if not _is_auto(v)}
     try:
-        parsed = DeepSpeedZeroConfig(**numeric)
+        return zero_config(**numeric)
     except Exception as exc:  # pydantic's ValidationError: report DeepSpeed's own first line
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise ZerofitError(
@@ -85,22 +134,14 @@ def read_ds_config(ds: dict, hidden_size: int) -> dict[str, Any]:
             f"DeepSpeed rejects it ({first})",
             "fix the block as DeepSpeed's error says",
         ) from None
-    # "auto" buckets: what HF fills in at any stage (reduce_bucket_size = hidden^2, the stage-3
-    # prefetch/persistence from hidden_size): the same formula zerofit writes for stage 3
-    hf_auto = ds_bucket_sizes(hidden_size, 3)
-    buckets = {}
-    for key, attr in _BUCKET_FIELDS.items():
-        if _is_auto(zero.get(key)):
-            buckets[key] = int(hf_auto.get(key, getattr(parsed, attr)))
-        else:
-            buckets[key] = int(getattr(parsed, attr))
-    out["buckets"] = buckets
-    out["overlap_comm"] = (
-        bool(parsed.overlap_comm) if parsed.overlap_comm is not None else out.get("stage") == 3
-    )
-    out["offload_optimizer"] = _offload_device(parsed.offload_optimizer)
-    out["offload_param"] = _offload_device(parsed.offload_param)
-    if out.get("stage", 3) < 3:
+
+
+def _read_offload(parsed, stage: int) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "offload_optimizer": _offload_device(parsed.offload_optimizer),
+        "offload_param": _offload_device(parsed.offload_param),
+    }
+    if stage < 3:
         # only ZeRO-3 is handed the offload_param block (deepspeed/runtime/engine.py:
         # _configure_zero_optimizer); stage_1_and_2.py keeps every bit16 weight on the GPU
         out["offload_param"] = "none"
@@ -108,39 +149,38 @@ def read_ds_config(ds: dict, hidden_size: int) -> dict[str, Any]:
     # block leaves it out (deepspeed/runtime/zero/offload_config.py)
     out["pin_optimizer_offload"] = bool(getattr(parsed.offload_optimizer, "pin_memory", True))
     out["pin_param_offload"] = bool(getattr(parsed.offload_param, "pin_memory", True))
-    for block in (parsed.offload_optimizer, parsed.offload_param):
-        if block is not None and getattr(block, "nvme_path", None) and "nvme_path" not in out:
-            if "nvme" in (out["offload_optimizer"], out["offload_param"]):
+    if "nvme" in (out["offload_optimizer"], out["offload_param"]):
+        for block in (parsed.offload_optimizer, parsed.offload_param):
+            if block is not None and getattr(block, "nvme_path", None):
                 out["nvme_path"] = str(block.nvme_path)
-
-    if (ds.get("bf16") or {}).get("enabled") is True:
-        out["precision"] = "bf16"
-    elif (ds.get("fp16") or {}).get("enabled") is True:
-        out["precision"] = "fp16"
-    elif not any(_is_auto((ds.get(k) or {}).get("enabled")) for k in ("bf16", "fp16")):
-        out["precision"] = "fp32"
-    for key, name in (
-        ("train_micro_batch_size_per_gpu", "micro_batch"),
-        ("gradient_accumulation_steps", "grad_accum"),
-        ("train_batch_size", "train_batch_size"),
-    ):
-        if key in ds and not _is_auto(ds[key]):
-            out[name] = _int(key, ds[key])
-
-    block = ds.get("optimizer")
-    out["ds_optimizer_block"] = isinstance(block, dict)
-    out["optimizer"] = None
-    if isinstance(block, dict):
-        params = block.get("params") or {}
-        # engine.py:get_optimizer_configuration: torch_adam -> torch AdamW(foreach), offload ->
-        # DeepSpeedCPUAdam, else FusedAdam
-        if params.get("torch_adam"):
-            out["optimizer"] = "adamw_torch"
-        elif out["offload_optimizer"] != "none":
-            out["optimizer"] = "ds_cpu_adam"
-        else:
-            out["optimizer"] = "ds_fused_adam"
+                break
     return out
+
+
+def _read_precision(ds: dict) -> dict[str, str]:
+    if (ds.get("bf16") or {}).get("enabled") is True:
+        return {"precision": "bf16"}
+    if (ds.get("fp16") or {}).get("enabled") is True:
+        return {"precision": "fp16"}
+    if not any(_is_auto((ds.get(k) or {}).get("enabled")) for k in ("bf16", "fp16")):
+        return {"precision": "fp32"}
+    return {}
+
+
+def _read_optimizer(block: Any, offload_optimizer: str) -> dict[str, Any]:
+    """The optimizer DeepSpeed builds from the JSON's ``optimizer`` block (None without one)."""
+    if not isinstance(block, dict):
+        return {"ds_optimizer_block": False, "optimizer": None}
+    params = block.get("params") or {}
+    # engine.py:get_optimizer_configuration: torch_adam -> torch AdamW(foreach), offload ->
+    # DeepSpeedCPUAdam, else FusedAdam
+    if params.get("torch_adam"):
+        optimizer = "adamw_torch"
+    elif offload_optimizer != "none":
+        optimizer = "ds_cpu_adam"
+    else:
+        optimizer = "ds_fused_adam"
+    return {"ds_optimizer_block": True, "optimizer": optimizer}
 
 
 def _offload_device(block) -> str:
@@ -157,10 +197,16 @@ def read_accelerate_config(cfg: dict) -> tuple[dict[str, Any], str | None]:
     ``num_processes`` and ``num_machines`` give GPUs per node and nodes, ``mixed_precision`` the
     precision, ``deepspeed_config.{zero_stage, offload_optimizer_device, offload_param_device,
     gradient_accumulation_steps}`` the rest, unless ``deepspeed_config_file`` points at a JSON.
+    A distributed type zerofit does not model (FSDP) is refused rather than estimated as ZeRO.
     """
     if not isinstance(cfg, dict):
         raise ZerofitError(
             "accelerate config", "is not a YAML mapping", "give an accelerate config file"
+        )
+    dtype = cfg.get("distributed_type")
+    if dtype in NOT_MODELLED:
+        raise ZerofitError(
+            "distributed_type", f"{dtype} is not modelled by zerofit yet", NOT_MODELLED[dtype]
         )
     out: dict[str, Any] = {}
     machines = _int("num_machines", cfg.get("num_machines", 1) or 1)
@@ -172,24 +218,28 @@ def read_accelerate_config(cfg: dict) -> tuple[dict[str, Any], str | None]:
             "make num_processes a multiple of num_machines",
         )
     out["num_nodes"], out["gpus_per_node"] = machines, processes // machines
-    mp = cfg.get("mixed_precision")
-    if mp in ("bf16", "fp16"):
-        out["precision"] = mp
-    elif mp in ("no", None):
-        pass
+    if cfg.get("mixed_precision") in ("bf16", "fp16"):
+        out["precision"] = cfg["mixed_precision"]
     ds = cfg.get("deepspeed_config") or {}
     path = ds.get("deepspeed_config_file") if isinstance(ds, dict) else None
     if isinstance(ds, dict) and not path:
-        if "zero_stage" in ds:
-            out["stage"] = _int("deepspeed_config.zero_stage", ds["zero_stage"])
-        for key, name in (
-            ("offload_optimizer_device", "offload_optimizer"),
-            ("offload_param_device", "offload_param"),
-        ):
-            if ds.get(key):
-                out[name] = str(ds[key])
-        if "gradient_accumulation_steps" in ds and not _is_auto(ds["gradient_accumulation_steps"]):
-            out["grad_accum"] = _int(
-                "deepspeed_config.gradient_accumulation_steps", ds["gradient_accumulation_steps"]
-            )
+        out.update(_read_plugin_section(ds))
     return out, path
+
+
+def _read_plugin_section(ds: dict) -> dict[str, Any]:
+    """The ZeRO settings an accelerate YAML writes inline (no deepspeed_config_file)."""
+    out: dict[str, Any] = {}
+    if "zero_stage" in ds:
+        out["stage"] = _int("deepspeed_config.zero_stage", ds["zero_stage"])
+    for key, name in (
+        ("offload_optimizer_device", "offload_optimizer"),
+        ("offload_param_device", "offload_param"),
+    ):
+        if ds.get(key):
+            out[name] = str(ds[key])
+    if "gradient_accumulation_steps" in ds and not _is_auto(ds["gradient_accumulation_steps"]):
+        out["grad_accum"] = _int(
+            "deepspeed_config.gradient_accumulation_steps", ds["gradient_accumulation_steps"]
+        )
+    return out
