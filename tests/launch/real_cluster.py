@@ -9,6 +9,10 @@ namespaces and the files. Traffic stays on the veth pair. Every wait is bounded.
 
 The packages come from `make cluster-deps` (root + apt); without them, or without root, the tests
 skip and say why.
+
+The test files import its helpers, then name it in `pytest_plugins` for its fixtures; pytest
+would warn that it cannot rewrite the asserts of a module imported first, so it opts out:
+PYTEST_DONT_REWRITE (as before: pytest rewrites only test modules and conftests).
 """
 
 from __future__ import annotations

@@ -12,21 +12,19 @@ Run: .venv/bin/python -m pytest tests/launch/test_deepspeed_pdsh.py -q   (root; 
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
-
-from real_cluster import in_ns
-from real_cluster import ssh_hosts, tool_path  # noqa: F401  (pytest fixtures)
 from conftest import two_node_config_argv
+from real_cluster import in_ns
+
 from zerofit.cli.main import main
 
 pytestmark = pytest.mark.distributed
+pytest_plugins = ["real_cluster"]  # its fixtures: the cluster, ssh hosts, tool PATH
 REPO = Path(__file__).resolve().parents[2]
 TRAIN = REPO / "tests" / "scripts" / "multinode_train.py"
 RUN_LIMIT = 300

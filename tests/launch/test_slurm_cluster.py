@@ -23,13 +23,13 @@ from pathlib import Path
 
 import pytest
 import yaml
-
-from real_cluster import kill_pids, ns_pids, wait_until
-from real_cluster import slurm_cluster, tool_path  # noqa: F401  (pytest fixtures)
 from conftest import GRPO_TWO_NODE_FLAGS, two_node_config_argv
+from real_cluster import kill_pids, ns_pids, wait_until
+
 from zerofit.cli.main import main
 
 pytestmark = pytest.mark.distributed
+pytest_plugins = ["real_cluster"]  # its fixtures: the cluster, ssh hosts, tool PATH
 REPO = Path(__file__).resolve().parents[2]
 GRPO = REPO / "recipes" / "grpo.py"
 TRAIN = REPO / "tests" / "scripts" / "multinode_train.py"
