@@ -429,9 +429,13 @@ def test_a_plan_that_fits_nowhere_writes_nothing_unless_forced(tmp_path, capsys)
     assert main(["config", *unfit, "--out", str(out)]) == 1
     captured = capsys.readouterr()
     assert "zerofit: error: plan: does not fit in host RAM" in captured.err
+    assert "GiB of host RAM per node of 8.0; nothing written" in captured.err
     assert "nothing written" in captured.err and "Traceback" not in captured.err
     assert "suggestion: " in captured.out and "wrote" not in captured.out
     assert not out.exists()
+    assert main(["config", *unfit, "--micro-batch", "1", "--out", str(out)]) == 1
+    assert not out.exists()  # a micro batch alone does not ask for this configuration
+    capsys.readouterr()
     # a configuration the user set is written, with the warning and exit 1
     forced = ["--stage", "3", "--offload-optimizer", "cpu", "--offload-param", "cpu"]
     assert main(["config", *unfit, *forced, "--out", str(out)]) == 1

@@ -11,10 +11,11 @@ from pathlib import Path
 from zerofit.cli.answer_flags import add_answer_flags, answers_from_args
 from zerofit.errors import ZerofitError
 
-# The planner's decisions a user can fix with a flag. A plan that does not fit is written only
-# when the user fixed one of them: they asked for that configuration; otherwise nothing fits
-# and the planner's closest miss is not worth a file.
-OVERRIDES = ("stage", "offload_optimizer", "offload_param", "gradient_checkpointing", "micro_batch")
+# A plan that does not fit is written only when the user set its ZeRO stage or offload: they asked
+# for that configuration (the estimate may be pessimistic for their script). Otherwise nothing
+# fits, and files for the planner's closest miss would only fail at the first step: an out of
+# memory error after the model loaded. A micro batch or checkpointing choice alone does not count.
+FORCING = ("stage", "offload_optimizer", "offload_param")
 
 # transformers' HfTrainerDeepSpeedConfig.trainer_config_process (integrations/deepspeed.py) calls
 # fill_match(DeepSpeed key, TrainingArguments value) on each of these keys: "auto" takes the
@@ -38,8 +39,8 @@ def register(sub) -> None:
         help="write ds_config.json + accelerate.yaml + answers.yaml for a plan",
         description="Plan the fastest configuration that fits and write the DeepSpeed JSON, the "
         "accelerate YAML and answers.yaml into --out. `--answers OUT/answers.yaml` reproduces the "
-        "same files. A plan that fits nowhere is not written, unless you set --stage, --offload-*, "
-        "--micro-batch or --gradient-checkpointing yourself.",
+        "same files. A plan that fits nowhere is not written, unless you set its --stage or "
+        "--offload-optimizer/--offload-param yourself.",
     )
     add_answer_flags(p)
     p.add_argument(
@@ -156,13 +157,13 @@ def run(args) -> int:
     # Absolute: accelerate opens deepspeed_config_file relative to each worker's working directory.
     ds_path = out.resolve() / "ds_config.json"
     plan, files = build_files(answers, ds_config_file=str(ds_path))
-    forced = [name for name in OVERRIDES if getattr(answers, name) is not None]
+    forced = [name for name in FORCING if getattr(answers, name) is not None]
     trainer_flags = []
     if answers.stack == "hf":  # a stage-0 plan runs plain DDP and writes no DeepSpeed JSON
         ds = json.loads(files["ds_config.json"]) if "ds_config.json" in files else {}
         trainer_flags = trainer_arguments(plan, ds)
     if not plan.fits and not forced:
-        _print_plan(plan, args.json, [], None, trainer_flags)
+        _print_plan(plan, args.json, [], None, [])
         refuse_unfit(plan)
     default = None
     if args.save_default:  # checked before anything is written: all files or none
@@ -199,19 +200,23 @@ def unfit_budget(plan) -> str:
     """The memory a plan that does not fit runs out of, in words."""
     if plan.failing_budget == "host":
         return "host RAM (offload needs more than the node has)"
+    if plan.failing_budget == "gpu+host":
+        return "GPU memory nor host RAM"
     return "GPU memory"
 
 
 def refuse_unfit(plan) -> None:
     """ZerofitError (exit 1) saying what a plan that fits nowhere needs; nothing is written."""
-    gpu_budget = plan.gpu.memory_gib * plan.answers.headroom
-    if plan.failing_budget == "host":
-        need = f"{plan.cpu_gib:.1f} GiB of host RAM per node, the node has {plan.host_ram_gib:.1f}"
-    else:
-        need = f"{plan.gpu_need_gib:.1f} GiB per GPU of {gpu_budget:.1f}"
+    needs = []
+    if plan.failing_budget != "host":
+        gpu_budget = plan.gpu.memory_gib * plan.answers.headroom
+        needs.append(f"{plan.gpu_need_gib:.1f} GiB per GPU of {gpu_budget:.1f}")
+    if plan.failing_budget in ("host", "gpu+host"):
+        needs.append(f"{plan.cpu_gib:.1f} GiB of host RAM per node of {plan.host_ram_gib:.1f}")
     raise ZerofitError(
         "plan",
-        f"does not fit in {unfit_budget(plan)}: the closest needs {need}; nothing written",
+        f"does not fit in {unfit_budget(plan)}: the closest needs {' and '.join(needs)}; "
+        "nothing written",
         "follow a suggestion above, or set --stage/--offload-optimizer/--offload-param yourself "
         "to write that configuration anyway",
         exit_code=1,
