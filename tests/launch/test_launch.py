@@ -730,3 +730,19 @@ def test_launch_and_doctor_accept_the_config_commands_names_for_the_main_node(ca
     assert "--rdzv_endpoint 10.1.1.1:1234" in capsys.readouterr().out
     doctor = build_parser().parse_args(["doctor", *names])
     assert (doctor.main_addr, doctor.main_port) == ("10.1.1.1", 1234)
+
+
+def test_a_preset_without_num_processes_takes_the_count_from_the_flag(capsys) -> None:
+    """The shipped presets leave num_processes to the command line (any node size): `zerofit
+    launch` takes it from --gpus-per-node and asks for it when missing."""
+    from conftest import REPO
+
+    preset = str(REPO / "deepspeed_configs" / "accelerate" / "zero2.yaml")
+    assert main(["launch", "--config", preset, "--gpus-per-node", "4", "--", "t.py"]) == 0
+    out = capsys.readouterr().out
+    assert "--num_processes 4 \\" in out and "--num_machines 1 \\" in out
+    assert main(["launch", "--config", preset, "--", "t.py"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(
+        "zerofit: error: gpus_per_node: accelerate.yaml leaves num_processes to the command line"
+    )

@@ -23,6 +23,20 @@ DS_ENV_MAPPING = {
 }
 
 
+def config_total_processes(config: dict[str, Any]) -> Any:
+    """The file's num_processes (every GPU of every node), or None where it leaves the count to
+    the command line, as the shipped presets do.
+
+    accelerate's loader (commands/config/config_args.py, ``load_config_from_file``) makes an absent
+    num_processes 1 only for distributed_type NO; otherwise it stays ClusterConfig's -1, which
+    ``accelerate launch`` (commands/launch.py, ``_validate_launch_command``) refuses without
+    ``--num_processes``.
+    """
+    distributed = config.get("distributed_type", "NO") != "NO"
+    total = config.get("num_processes", -1 if distributed else 1)
+    return None if total == -1 else total
+
+
 def validate_cluster_configs(configs: list[dict[str, Any]]) -> dict[str, Any]:
     """Check accelerate YAMLs (one shared, or one per node) agree; return the shared settings.
 
@@ -47,13 +61,15 @@ def validate_cluster_configs(configs: list[dict[str, Any]]) -> dict[str, Any]:
                 f"set the same {key} in every node's accelerate.yaml",
             )
     machines = first.get("num_machines", 1)
-    total = first.get("num_processes", 1)
+    total = config_total_processes(first)
     for key, value in (("num_machines", machines), ("num_processes", total)):
+        if value is None:  # left to --num_processes / --gpus-per-node
+            continue
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ZerofitError(
                 key, f"{value!r} must be a positive integer", f"fix {key} in accelerate.yaml"
             )
-    if total % machines:
+    if total is not None and total % machines:
         raise ZerofitError(
             "num_processes",
             f"{total} (total over all nodes) is not divisible by " f"num_machines {machines}",
@@ -138,7 +154,16 @@ def check_config_sizes(
     The DeepSpeed JSON's batch arithmetic was computed for the config's world size.
     """
     cfg_nodes = shared.get("num_machines", 1)
-    cfg_procs = shared.get("num_processes", 1) // cfg_nodes
+    total = config_total_processes(shared)
+    if total is None:  # a preset: the count comes from the command line
+        if procs_per_node is None:
+            raise ZerofitError(
+                "gpus_per_node",
+                "accelerate.yaml leaves num_processes to the command line",
+                "pass --gpus-per-node M (the GPUs of each node)",
+            )
+        total = procs_per_node * cfg_nodes
+    cfg_procs = total // cfg_nodes
     for flag, given, expected in (
         ("nodes", nodes, cfg_nodes),
         ("gpus_per_node", procs_per_node, cfg_procs),
