@@ -198,178 +198,304 @@ class MemoryEstimate:
         return need <= capacity_gib * headroom * GIB
 
 
+@dataclass(frozen=True)
+class StepSizes:
+    """The element sizes, token counts, buckets, loss path and optimizer one step of a setup is
+    built from."""
+
+    compute_bytes: int  # element size of the compute dtype (the precision)
+    weight_bytes: int  # element size of the weights (TrainSetup.weight_dtype)
+    # the residual stream's element size: without DeepSpeed, fp32 weights under autocast keep an
+    # fp32 residual stream (activations.py); with it, the compute dtype
+    residual_bytes: int
+    buckets: dict
+    sequences: int  # sequences in one forward
+    tokens: int  # tokens in one forward
+    logit_tokens: int  # tokens the loss scores over the vocabulary (losses.scored_tokens)
+    loss_path: str  # losses.loss_path
+    optimizer: str  # the optimizer implementation (optimizers.resolve_optimizer)
+
+
+def step_sizes(model, setup: TrainSetup) -> StepSizes:
+    """The sizes of one step of ``setup`` on ``model``."""
+    compute_bytes = DTYPE_BYTES[setup.precision]
+    weight_bytes = setup.weight_bytes
+    # dpo: TRL concatenates chosen + rejected into one forward (DPOTrainer concatenated inputs)
+    sequences = setup.micro_batch * (2 if setup.workload == "dpo" else 1)
+    tokens = sequences * setup.seq_len
+    return StepSizes(
+        compute_bytes=compute_bytes,
+        weight_bytes=weight_bytes,
+        residual_bytes=weight_bytes if setup.without_deepspeed else compute_bytes,
+        buckets=setup.bucket_sizes(model.hidden_size),
+        sequences=sequences,
+        tokens=tokens,
+        logit_tokens=losses.scored_tokens(
+            setup.stack, setup.workload, tokens, sequences * setup.completion_len
+        ),
+        loss_path=losses.loss_path(setup.stack, setup.workload, setup.loss_kernel),
+        optimizer=setup.optimizer_impl,
+    )
+
+
+@dataclass(frozen=True)
+class ActivationBytes:
+    """What the activations hold at each moment of a step, and the autocast weight copies."""
+
+    stored: int  # saved by the forward for backward
+    in_backward: int  # while the layers' backward runs: stored + recompute or temporaries
+    last_layer: int  # the first layer's backward, at the end of backward
+    casts: int  # autocast's copies of fp32 weights during the forward
+    casts_in_backward: int  # those of them still saved in backward
+
+
+def activation_bytes(model, setup: TrainSetup, sizes: StepSizes) -> ActivationBytes:
+    """Activations of one micro batch at the forward's end, through backward and at its end."""
+    compute, residual = sizes.compute_bytes, sizes.residual_bytes
+    tokens, sequences = sizes.tokens, sizes.sequences
+    stored = act.stored_activation_bytes(
+        model,
+        compute,
+        tokens,
+        sequences,
+        setup.seq_len,
+        setup.attention,
+        setup.gradient_checkpointing,
+        residual,
+        setup.padded,
+    )
+    # fp32 weights under autocast: the cast copies live from the forward until autocast exits,
+    # and stay saved for backward unless checkpointing drops them (recomputed one layer a time)
+    casts = st.autocast_weight_bytes(model, compute) if sizes.weight_bytes > compute else 0
+    layer_shape = (sequences, setup.seq_len, setup.attention, residual, setup.padded)
+    if setup.gradient_checkpointing:
+        recompute = act.recompute_bytes(model, compute, tokens, *layer_shape)
+        # the first layer's backward: its recomputed layer and its own saved input (and the
+        # padded batch's boolean mask, which that layer's recompute closure still holds)
+        last_layer = recompute + residual * model.hidden_size * tokens
+        if setup.padded:
+            last_layer += act.padding_mask_bytes(sequences, setup.seq_len, setup.attention)
+        # lm_head is outside the checkpointed layers: its weight's cast stays saved
+        lm_head = model.vocab_size * model.hidden_size
+        casts_in_backward = (lm_head + st.layer_params(model)) * compute if casts else 0
+        return ActivationBytes(stored, stored + recompute, last_layer, casts, casts_in_backward)
+    temporaries = act.backward_temporaries_bytes(model, compute, tokens, residual)
+    one_layer = act.one_layer_bytes(model, compute, *layer_shape)
+    return ActivationBytes(stored, stored + temporaries, one_layer + temporaries, casts, casts)
+
+
 def estimate_memory(model, setup: TrainSetup) -> MemoryEstimate:
     """Predict the per-GPU peak and its breakdown for ``model`` trained as ``setup``."""
-    s, b = setup, DTYPE_BYTES[setup.precision]
-    # without DeepSpeed, fp32 weights under autocast keep an fp32 residual stream (activations.py)
-    w = s.weight_bytes
-    r = w if s.without_deepspeed else b
-    buckets = s.bucket_sizes(model.hidden_size)
-    # dpo: TRL concatenates chosen + rejected into one forward (DPOTrainer concatenated inputs)
-    seqs = s.micro_batch * (2 if s.workload == "dpo" else 1)
-    tokens = seqs * s.seq_len
-    logit_tokens = losses.scored_tokens(s.stack, s.workload, tokens, seqs * s.completion_len)
-    path = losses.loss_path(s.stack, s.workload, s.loss_kernel)
-    optimizer = s.optimizer_impl
-
-    if s.without_deepspeed:
-        resident = st.plain_resident_states(model, s, w)
+    sizes = step_sizes(model, setup)
+    compute = sizes.compute_bytes
+    resident = _resident_bytes(model, setup, sizes)
+    live = {"live_params": st.stage3_live_params(model, setup, compute, sizes.buckets)}
+    activations = activation_bytes(model, setup, sizes)
+    if setup.without_deepspeed:
+        backward = st.plain_backward_buffers(model, setup, sizes.weight_bytes)
+        step = st.plain_step_buffers(model, setup, sizes.weight_bytes, sizes.optimizer)
     else:
-        resident = st.resident_states(model, s, b, buckets)
-    if s.uses_reference:
+        backward = st.backward_buffers(model, setup, compute, sizes.buckets)
+        step = st.step_buffers(model, setup, compute, sizes.buckets, sizes.optimizer)
+    loss_bytes = losses.train_loss_bytes(sizes.loss_path, model, compute, sizes.logit_tokens)
+    phases: dict[str, dict[str, int]] = {}
+    phases["forward"] = {
+        **resident,
+        **live,
+        "activations": activations.stored,
+        "logits": loss_bytes,
+    }
+    if activations.casts:
+        phases["forward"]["autocast_weights"] = activations.casts
+    phases["backward"] = _backward_phase(model, setup, resident, live, backward, activations)
+    phases["step"] = _merge(resident, step)
+    if setup.uses_reference:
+        phases["reference"] = _reference_phase(model, setup, sizes, resident, live, activations)
+    if setup.workload == "grpo" and not setup.vllm_gpu_memory_utilization:
+        # with vLLM colocated, generation happens inside vLLM's own share (vllm_reserved)
+        # TRL generates outside autocast (GRPOTrainer._generate_single_turn: torch.no_grad()
+        # only), so without DeepSpeed generation runs in the weights' dtype
+        phases["rollout"] = {**resident, **_rollout(model, setup, sizes.weight_bytes)}
+
+    totals = {name: sum(parts.values()) for name, parts in phases.items()}
+    peak_phase = max(totals, key=totals.get)
+    largest = _largest_free_range(
+        model, setup, sizes, phases, peak_phase, {"backward": backward, "step": step}
+    )
+    return MemoryEstimate(
+        totals[peak_phase],
+        {name: value for name, value in phases[peak_phase].items() if value},
+        peak_phase,
+        totals,
+        _host_bytes(model, setup, sizes),
+        context_bytes=oh.cuda_context_bytes(setup.stage, deepspeed=not setup.without_deepspeed),
+        allocator_bytes=oh.allocator_fragmentation_bytes(
+            model, setup.gradient_checkpointing, largest
+        ),
+        nccl_bytes=oh.nccl_buffer_bytes(setup.world_size, setup.gpus_per_node, setup.interconnect),
+        vllm_fraction=float(setup.vllm_gpu_memory_utilization or 0.0),
+        optimizer=sizes.optimizer,
+        loss_path=sizes.loss_path,
+        activations_basis=act.activations_basis(
+            model, compute, setup.attention, sizes.residual_bytes
+        ),
+    )
+
+
+def _resident_bytes(model, setup: TrainSetup, sizes: StepSizes) -> dict[str, int]:
+    """What stays on the GPU for the whole step: the model states (states.py) and the
+    reference model."""
+    if setup.without_deepspeed:
+        resident = st.plain_resident_states(model, setup, sizes.weight_bytes)
+    else:
+        resident = st.resident_states(model, setup, sizes.compute_bytes, sizes.buckets)
+    if setup.uses_reference:
         # trl/models/utils.py:prepare_deepspeed: the reference keeps ZeRO-3 (sharded) only under
         # stage 3; any other stage is turned into stage 0, a full bit16 replica on every GPU.
         # Without DeepSpeed TRL loads it in the policy's dtype (GRPOTrainer/DPOTrainer __init__:
         # ``ref_model_init_kwargs.setdefault("dtype", self.model.dtype)``).
-        ref_shard = math.ceil(model.params / s.world_size) if s.stage == 3 else model.params
-        resident["reference_model"] = (
-            0 if (s.stage == 3 and s.offload_param != "none") else ref_shard * w
-        )
-    live = {"live_params": st.stage3_live_params(model, s, b, buckets)}
+        sharded = setup.stage == 3
+        reference = math.ceil(model.params / setup.world_size) if sharded else model.params
+        offloaded = sharded and setup.offload_param != "none"
+        resident["reference_model"] = 0 if offloaded else reference * sizes.weight_bytes
+    return resident
 
-    stored = act.stored_activation_bytes(
-        model, b, tokens, seqs, s.seq_len, s.attention, s.gradient_checkpointing, r, s.padded
+
+def _backward_phase(
+    model,
+    setup: TrainSetup,
+    resident: dict,
+    live: dict,
+    backward: dict,
+    activations: ActivationBytes,
+) -> dict[str, int]:
+    """The backward's peak: without DeepSpeed at one end of backward (``_plain_backward``);
+    under ZeRO, the worst moment one parameter's grad adds to (states.backward_moments), each
+    with the activations alive then."""
+    if setup.without_deepspeed and backward:
+        return _plain_backward(
+            model,
+            setup,
+            resident,
+            backward,
+            (activations.in_backward, activations.last_layer),
+            activations.casts_in_backward,
+        )
+    compute = DTYPE_BYTES[setup.precision]
+    phase = _merge(resident, live, backward, {"activations": activations.in_backward})
+    if activations.casts_in_backward:
+        phase["autocast_weights"] = activations.casts_in_backward
+    activations_at = {"head": activations.stored, "layers": activations.in_backward, "end": 0}
+    # at the end of backward ZeRO-3 has released every other gathered weight: only the
+    # embedding being differentiated is still gathered
+    embedding = model.vocab_size * model.hidden_size * compute
+    live_at = {"end": {"live_params": min(live["live_params"], embedding)}}
+    moments = [phase]
+    for moment, extra in st.backward_moments(model, setup, compute).items():
+        moment_live = live_at.get(moment, live)
+        moments.append(
+            _merge(resident, moment_live, backward, extra, {"activations": activations_at[moment]})
+        )
+    return max(moments, key=lambda parts: sum(parts.values()))
+
+
+def _reference_phase(
+    model,
+    setup: TrainSetup,
+    sizes: StepSizes,
+    resident: dict,
+    live: dict,
+    activations: ActivationBytes,
+) -> dict[str, int]:
+    """The frozen reference model's forward without grad (dpo, grpo with a reference)."""
+    compute = sizes.compute_bytes
+    one_layer = act.one_layer_bytes(
+        model,
+        compute,
+        sizes.sequences,
+        setup.seq_len,
+        setup.attention,
+        sizes.residual_bytes,
+        setup.padded,
     )
-    loss_bytes = losses.train_loss_bytes(path, model, b, logit_tokens)
-    # fp32 weights under autocast: the cast copies live from the forward until autocast exits,
-    # and stay saved for backward unless checkpointing drops them (recomputed one layer a time)
-    casts = st.autocast_weight_bytes(model, b) if w > b else 0
-    phases: dict[str, dict[str, int]] = {}
-    phases["forward"] = {**resident, **live, "activations": stored, "logits": loss_bytes}
-    if casts:
-        phases["forward"]["autocast_weights"] = casts
-    if s.gradient_checkpointing:
-        recompute = act.recompute_bytes(model, b, tokens, seqs, s.seq_len, s.attention, r, s.padded)
-        in_backward = stored + recompute
-        # the first layer's backward: its recomputed layer and its own saved input (and the
-        # padded batch's boolean mask, which that layer's recompute closure still holds)
-        last_layer = recompute + r * model.hidden_size * tokens
-        if s.padded:
-            last_layer += act.padding_mask_bytes(seqs, s.seq_len, s.attention)
-        # lm_head is outside the checkpointed layers: its weight's cast stays saved
-        lm_head = model.vocab_size * model.hidden_size
-        casts_in_backward = (lm_head + st.layer_params(model)) * b if casts else 0
-    else:
-        temporaries = act.backward_temporaries_bytes(model, b, tokens, r)
-        in_backward = stored + temporaries
-        one_layer = act.one_layer_bytes(model, b, seqs, s.seq_len, s.attention, r, s.padded)
-        last_layer = one_layer + temporaries
-        casts_in_backward = casts
-    if s.without_deepspeed:
-        backward = st.plain_backward_buffers(model, s, w)
-        step = st.plain_step_buffers(model, s, w, optimizer)
-    else:
-        backward = st.backward_buffers(model, s, b, buckets)
-        step = st.step_buffers(model, s, b, buckets, optimizer)
-    if s.without_deepspeed and backward:
-        phases["backward"] = _plain_backward(
-            model, s, resident, backward, (in_backward, last_layer), casts_in_backward
+    reference = {
+        **resident,
+        **live,
+        "activations": one_layer,
+        "logits": losses.reference_loss_bytes(sizes.loss_path, model, compute, sizes.logit_tokens),
+    }
+    if setup.workload == "dpo":
+        # the policy forward ran first and its graph waits for backward (losses.py:
+        # policy_held_bytes); GRPO scores the reference while generating, before the policy
+        reference["policy_activations"] = activations.stored
+        reference["policy_logits"] = losses.policy_held_bytes(
+            sizes.loss_path, model, compute, sizes.logit_tokens
         )
-    else:
-        phases["backward"] = _merge(resident, live, backward, {"activations": in_backward})
-        if casts_in_backward:
-            phases["backward"]["autocast_weights"] = casts_in_backward
-        # ZeRO-1/2/3: the moments one parameter's grad adds to (states.backward_moments), each
-        # with the activations alive then; the worst one is the phase's peak
-        activations_at = {"head": stored, "layers": in_backward, "end": 0}
-        # at the end of backward ZeRO-3 has released every other gathered weight: only the
-        # embedding being differentiated is still gathered
-        embedding = model.vocab_size * model.hidden_size * b
-        live_at = {"end": {"live_params": min(live["live_params"], embedding)}}
-        moments = [phases["backward"]]
-        for moment, extra in st.backward_moments(model, s, b).items():
-            moment_live = live_at.get(moment, live)
-            moments.append(
-                _merge(
-                    resident, moment_live, backward, extra, {"activations": activations_at[moment]}
-                )
-            )
-        phases["backward"] = max(moments, key=lambda parts: sum(parts.values()))
-    phases["step"] = _merge(resident, step)
-    if s.uses_reference:
-        one_layer = act.one_layer_bytes(model, b, seqs, s.seq_len, s.attention, r, s.padded)
-        reference = {
-            **resident,
-            **live,
-            "activations": one_layer,
-            "logits": losses.reference_loss_bytes(path, model, b, logit_tokens),
-        }
-        if s.workload == "dpo":
-            # the policy forward ran first and its graph waits for backward (losses.py:
-            # policy_held_bytes); GRPO scores the reference while generating, before the policy
-            reference["policy_activations"] = stored
-            reference["policy_logits"] = losses.policy_held_bytes(path, model, b, logit_tokens)
-        phases["reference"] = reference
-    if s.workload == "grpo" and not s.vllm_gpu_memory_utilization:
-        # with vLLM colocated, generation happens inside vLLM's own share (vllm_reserved)
-        # TRL generates outside autocast (GRPOTrainer._generate_single_turn: torch.no_grad()
-        # only), so without DeepSpeed generation runs in the weights' dtype
-        phases["rollout"] = {**resident, **_rollout(model, s, w)}
+    return reference
 
-    totals = {name: sum(parts.values()) for name, parts in phases.items()}
-    peak_phase = max(totals, key=totals.get)
-    # blocks freed before the peak and split for smaller live tensors leave the unusable range
+
+def _largest_free_range(
+    model,
+    setup: TrainSetup,
+    sizes: StepSizes,
+    phases: dict[str, dict[str, int]],
+    peak_phase: str,
+    buffers: dict[str, dict],
+) -> int:
+    """The allocator's worst unusable free range at the peak: blocks freed before the peak and
+    split for smaller live tensors leave it, but requests smaller than it fill it, so only the
+    leftover is lost (overheads.allocator_fragmentation_bytes)."""
     largest = max(
         (
-            _largest_transient(
-                name, path, model, s, logit_tokens, backward, step, parts, phases[peak_phase]
-            )
+            _largest_transient(name, model, setup, sizes, buffers, parts, phases[peak_phase])
             for name, parts in phases.items()
             if name != peak_phase
         ),
         default=0,
     )
-    # ... but requests smaller than that range fill it: only the leftover is lost
-    request = _largest_request(peak_phase, model, s)
-    if request is not None:
-        largest = min(largest, request)
-    cpu = st.cpu_bytes_per_rank(model, s, b, buckets) * s.gpus_per_node
-    if s.offload_optimizer == "cpu":
-        owned = math.ceil(model.params / s.world_size)
-        cpu += host_step_temporary_bytes(optimizer, owned) * s.gpus_per_node
-    if s.uses_reference and s.stage == 3 and s.offload_param == "cpu":
-        cpu += math.ceil(model.params / s.world_size) * b * s.gpus_per_node
-    return MemoryEstimate(
-        totals[peak_phase],
-        {k: v for k, v in phases[peak_phase].items() if v},
-        peak_phase,
-        totals,
-        cpu,
-        context_bytes=oh.cuda_context_bytes(s.stage, deepspeed=not s.without_deepspeed),
-        allocator_bytes=oh.allocator_fragmentation_bytes(model, s.gradient_checkpointing, largest),
-        nccl_bytes=oh.nccl_buffer_bytes(s.world_size, s.gpus_per_node, s.interconnect),
-        vllm_fraction=float(s.vllm_gpu_memory_utilization or 0.0),
-        optimizer=optimizer,
-        loss_path=path,
-        activations_basis=act.activations_basis(model, b, s.attention, r),
-    )
+    request = _largest_request(peak_phase, model, setup)
+    return largest if request is None else min(largest, request)
+
+
+def _host_bytes(model, setup: TrainSetup, sizes: StepSizes) -> int:
+    """Host RAM for offload per node: every rank's buffers (states.cpu_bytes_per_rank), the CPU
+    optimizer's step temporaries, and a reference model's parameters offloaded under ZeRO-3."""
+    per_node = setup.gpus_per_node
+    owned = math.ceil(model.params / setup.world_size)
+    host = st.cpu_bytes_per_rank(model, setup, sizes.compute_bytes, sizes.buckets) * per_node
+    if setup.offload_optimizer == "cpu":
+        host += host_step_temporary_bytes(sizes.optimizer, owned) * per_node
+    if setup.uses_reference and setup.stage == 3 and setup.offload_param == "cpu":
+        host += owned * sizes.compute_bytes * per_node
+    return host
 
 
 def _largest_transient(
     phase: str,
-    path: str,
     model,
-    s: TrainSetup,
-    logit_tokens: int,
-    backward: dict,
-    step: dict,
+    setup: TrainSetup,
+    sizes: StepSizes,
+    buffers: dict[str, dict],
     parts: dict,
     peak_parts: dict,
 ) -> int:
     """The biggest single short-lived tensor of ``phase`` (a phase other than the peak's sizes
     the allocator's worst unusable free range, see overheads.py). Of backward's buffers, one the
     peak phase still holds (``peak_parts``) was not freed before the peak, so it is skipped."""
-    h, v, b = model.hidden_size, model.vocab_size, DTYPE_BYTES[s.precision]
+    hidden, vocab, compute = model.hidden_size, model.vocab_size, sizes.compute_bytes
+    path, logit_tokens = sizes.loss_path, sizes.logit_tokens
     if phase in ("forward", "reference"):
         if path == "hf":
-            return act.FP32 * v * logit_tokens  # the fp32 logits / log_softmax tensor
+            return act.FP32 * vocab * logit_tokens  # the fp32 logits / log_softmax tensor
         if path == "trl_logps":
-            return b * v * logit_tokens  # the compute-dtype logits
-        return v * h * (act.FP32 if path == "trl_fused" else b)  # the LM-head grad accumulator
-    if s.without_deepspeed and phase in ("backward", "step"):
+            return compute * vocab * logit_tokens  # the compute-dtype logits
+        # the LM-head grad accumulator
+        return vocab * hidden * (act.FP32 if path == "trl_fused" else compute)
+    if setup.without_deepspeed and phase in ("backward", "step"):
         # per-parameter .grad tensors and foreach temporaries: the biggest is one weight's
-        return st.largest_param(model) * s.weight_bytes
+        return st.largest_param(model) * setup.weight_bytes
     if phase == "backward":
+        backward = buffers["backward"]
         # ZeRO-1/2's grads_in_partition ("gradients") lives on into the step until its fp32
         # copy exists (stage_1_and_2.py: step, ``self.averaged_gradients[i] = None`` after
         # ``flat_grad_partition.to(fp32)``): when the step is the peak it is no free range
@@ -380,18 +506,19 @@ def _largest_transient(
         }
         return max((size for name, size in candidates.items() if name not in peak_parts), default=0)
     if phase == "step":
+        step = buffers["step"]
         if "grad_norm_fp64" in step:
             return step["grad_norm_fp64"]  # one parameter's slice in fp64, the largest request
         if "optimizer_step_temp" in step:
             return max(step.get("fp32_grads", 0), step["optimizer_step_temp"])
         # fp32_grads holds the flattened bit16 copy and the fp32 copy: the fp32 one is the larger
-        return step.get("fp32_grads", 0) * act.FP32 // (act.FP32 + b)
+        return step.get("fp32_grads", 0) * act.FP32 // (act.FP32 + compute)
     return max(parts.get("kv_cache", 0) // max(1, model.num_layers), parts.get("rollout", 0) // 2)
 
 
 def _plain_backward(
     model,
-    s: TrainSetup,
+    setup: TrainSetup,
     resident: dict,
     backward: dict,
     activations: tuple[int, int],
@@ -402,7 +529,7 @@ def _plain_backward(
     the top. With equal layers, grads-so-far + activations-left is linear in the layers done, so
     its maximum is at an end: the start (the LM head's grad + every activation, ``activations[0]``)
     or the end (every grad + the first layer's backward, ``activations[1]``)."""
-    head = model.vocab_size * model.hidden_size * s.weight_bytes
+    head = model.vocab_size * model.hidden_size * setup.weight_bytes
     start = _merge(resident, {"gradients": head, "activations": activations[0]})
     if casts:
         start["autocast_weights"] = casts
@@ -414,14 +541,14 @@ def _plain_backward(
     return max(start, end, key=lambda parts: sum(parts.values()))
 
 
-def _largest_request(phase: str, model, s: TrainSetup) -> int | None:
+def _largest_request(phase: str, model, setup: TrainSetup) -> int | None:
     """The biggest single allocation the peak phase makes, where it is known to be small: an
     optimizer step without DeepSpeed allocates per parameter (foreach lists, one tensor each,
     ``torch/optim/adam.py:_multi_tensor_adam``), so it can use any free range down to one
     weight's size. ``None``: the phase makes large flat requests (DeepSpeed's partitions,
     logits) that a split range may not hold."""
-    if s.without_deepspeed and phase == "step":
-        return st.largest_param(model) * s.weight_bytes
+    if setup.without_deepspeed and phase == "step":
+        return st.largest_param(model) * setup.weight_bytes
     return None
 
 
@@ -433,23 +560,34 @@ def _merge(*parts: dict[str, int]) -> dict[str, int]:
     return out
 
 
-def _rollout(model, s: TrainSetup, b: int) -> dict[str, int]:
+def _rollout(model, setup: TrainSetup, element_bytes: int) -> dict[str, int]:
     """Generation of one generation batch (TRL: micro_batch x steps_per_generation completions,
-    ``steps_per_generation`` defaulting to gradient_accumulation_steps in ``GRPOConfig``).
+    ``steps_per_generation`` defaulting to gradient_accumulation_steps in ``GRPOConfig``), its
+    tensors ``element_bytes`` wide.
 
     KV cache: batch x seq x layers x 2 (k, v) x kv_heads x head_dim; sampling keeps the last
     position's logits, their fp32 copy and the softmax probabilities; ZeRO-3 gathers the whole
     model for generation (ds3_gather_for_generation) when there is more than one rank.
     """
-    batch = s.micro_batch * (s.steps_per_generation or s.grad_accum)
-    kv = batch * s.seq_len * model.num_layers * 2 * model.num_kv_heads * model.head_dim * b
-    prompt = max(1, s.seq_len - s.completion_len)
+    batch = setup.micro_batch * (setup.steps_per_generation or setup.grad_accum)
+    kv = (
+        batch
+        * setup.seq_len
+        * model.num_layers
+        * 2
+        * model.num_kv_heads
+        * model.head_dim
+        * element_bytes
+    )
+    prompt = max(1, setup.seq_len - setup.completion_len)
     # left-padded prompts of a padded batch: the prefill's layer repeats K/V and copies the mask
-    prefill = act.one_layer_bytes(model, b, batch, prompt, s.attention, padded=s.padded)
-    sampling = batch * model.vocab_size * (b + 2 * act.FP32)
+    prefill = act.one_layer_bytes(
+        model, element_bytes, batch, prompt, setup.attention, padded=setup.padded
+    )
+    sampling = batch * model.vocab_size * (element_bytes + 2 * act.FP32)
     out = {"kv_cache": kv, "rollout": prefill + sampling}
-    if s.stage == 3 and s.world_size > 1:
-        out["gathered_params"] = model.params * b
+    if setup.stage == 3 and setup.world_size > 1:
+        out["gathered_params"] = model.params * element_bytes
     return out
 
 
