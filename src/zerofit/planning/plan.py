@@ -66,13 +66,16 @@ _NOT_IN_JSON = ("answers", "hidden_size", "pin_memory")
 
 @dataclass(frozen=True)
 class Plan:
+    """The chosen configuration, its numbers and its reasons; the fields in ``--json``'s order
+    (``as_json``)."""
+
     answers: Answers
-    gpu: GpuSpec
     model_name: str
     params: int  # total parameters
+    gpu: GpuSpec
     hidden_size: int
-    precision: str  # bf16 | fp16 | fp32
     world_size: int
+    precision: str  # bf16 | fp16 | fp32
     stage: int
     offload_optimizer: str  # none | cpu | nvme
     offload_param: str  # none | cpu | nvme
@@ -118,8 +121,10 @@ class Plan:
                 value = [asdict(row) for row in value]
             elif item.name == "suggestions":
                 value = list(value)
+            elif item.name == "optimizer":
+                out["stack"] = self.answers.stack  # what the optimizer and loss path follow
             out[_JSON_NAMES.get(item.name, item.name)] = value
-        return {**out, "stack": self.answers.stack}
+        return out
 
     @property
     def shape(self) -> tuple:
