@@ -22,7 +22,7 @@ ALLOWED = {
     "wizard": {"planning", "models", "configs"},
     "cli": {"models", "memory", "planning", "configs", "launch", "doctor", "wizard"},
 }
-SHARED = {"errors", "files", "cache", "hardware", "__init__"}
+SHARED = {"errors", "files", "cache", "hardware", "addresses", "__init__"}
 
 
 def zerofit_imports(path: Path) -> set[str]:
