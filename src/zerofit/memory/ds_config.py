@@ -16,11 +16,9 @@ from typing import Any
 from zerofit.errors import ZerofitError
 from zerofit.memory.ds_defaults import ZERO_BUCKET_FIELDS, ds_bucket_sizes, import_deepspeed
 
-# distributed_type values whose memory zerofit does not model (an estimate would describe ZeRO)
-NOT_MODELLED = {
-    "FSDP": "estimate the DeepSpeed equivalent instead: --stage 3 for FULL_SHARD, --stage 2 for "
-    "SHARD_GRAD_OP"
-}
+# accelerate distributed types whose memory zerofit does not model (an estimate would describe
+# ZeRO), with the ZeRO configuration closest to them; `zerofit check` says so too.
+NOT_MODELLED = {"FSDP": "--stage 3 for FULL_SHARD, --stage 2 for SHARD_GRAD_OP"}
 
 
 def load_deepspeed_json(text: str, where: str) -> Any:
@@ -206,7 +204,9 @@ def read_accelerate_config(cfg: dict) -> tuple[dict[str, Any], str | None]:
     dtype = cfg.get("distributed_type")
     if dtype in NOT_MODELLED:
         raise ZerofitError(
-            "distributed_type", f"{dtype} is not modelled by zerofit yet", NOT_MODELLED[dtype]
+            "distributed_type",
+            f"{dtype} is not modelled by zerofit yet",
+            f"estimate the DeepSpeed equivalent instead: {NOT_MODELLED[dtype]}",
         )
     out: dict[str, Any] = {}
     machines = _int("num_machines", cfg.get("num_machines", 1) or 1)

@@ -26,7 +26,6 @@ from zerofit.configs.check.facts import (
     ACCELERATE_LEGACY_KEYS,
     DS_FILE_CONFLICTS,
     NESTED_LAUNCH_SECTIONS,
-    NOT_MODELLED,
     PLUGIN_BOOL_KEYS,
     PLUGIN_TO_ZERO,
 )
@@ -38,6 +37,7 @@ from zerofit.configs.check.problems import (
     type_problem,
 )
 from zerofit.errors import ZerofitError
+from zerofit.memory.ds_config import NOT_MODELLED
 from zerofit.memory.ds_defaults import import_deepspeed
 
 _REINSTALL = "reinstall it (pip install --force-reinstall accelerate); zerofit reads its loader"
@@ -190,10 +190,10 @@ def not_modelled(where: str, dtype: str) -> Problem:
     """A valid distributed type zerofit cannot estimate: a warning, since accelerate runs it."""
     return Problem(
         where,
-        f"{dtype} runs, but {NOT_MODELLED[dtype]}: `zerofit estimate` refuses this file and check "
-        "judged only accelerate's own keys and values",
-        "nothing for the run itself; for a memory estimate use a DeepSpeed ZeRO config "
-        "(distributed_type: DEEPSPEED)",
+        f"{dtype} runs, but zerofit does not model its memory yet: `zerofit estimate` refuses "
+        "this file, and check judged only accelerate's own keys and values",
+        "nothing for the run itself; for a memory estimate, estimate the DeepSpeed equivalent "
+        f"({NOT_MODELLED[dtype]})",
         "warning",
     )
 

@@ -127,6 +127,3 @@ NESTED_LAUNCH_SECTIONS = {
 }
 # Legacy top-level keys ClusterConfig.process_config converts before building the config.
 ACCELERATE_LEGACY_KEYS = frozenset({"fp16", "dynamo_backend"})
-
-# distributed_type values zerofit's memory model does not cover: check says so, estimate refuses.
-NOT_MODELLED = {"FSDP": "FSDP shards differently from ZeRO and zerofit does not model it yet"}
