@@ -25,34 +25,43 @@ import os
 import sys
 import time
 
-import torch
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # common.py sits beside this file
-import common  # noqa: E402
-from common import fail  # noqa: E402
+# arguments.py, run_dir.py and common.py sit beside this file; torch, transformers and
+# accelerate are imported where they are used, after the input has been checked
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import arguments
+import common
+import run_dir
+from arguments import fail, option, override
 
 PROGRAM = "dpo.py"
 
 
 # ----------------------------------------------------------------------------- arguments
 @dataclasses.dataclass
-class Args(common.RunArgs):
-    output_dir: str = "runs/dpo"
-    max_steps: int = 100
-    per_device_batch_size: int = 8  # preference pairs per micro-batch (2x sequences)
-    learning_rate: float = 1e-3  # high on purpose for the tiny default model; ~5e-7 for real ones
-    beta: float = 0.1  # strength of the pull towards the reference (DPO's temperature)
-    max_prompt_len: int = 64  # longer prompts keep their end
-    max_completion_len: int = 64  # longer chosen/rejected texts are cut at the end
-    precompute_ref: bool = False  # reference log-probs once up front; no reference model in memory
+class Args(arguments.RunArgs):
+    output_dir: str = override("output_dir", "runs/dpo")
+    per_device_batch_size: int = option(
+        8, "preference pairs per micro-batch (2x sequences); a DeepSpeed JSON integer wins"
+    )
+    learning_rate: float = option(
+        1e-3, "AdamW learning rate; high on purpose for the tiny default model, ~5e-7 for real ones"
+    )
+    beta: float = option(0.1, "strength of the pull towards the reference (DPO's temperature)")
+    max_prompt_len: int = option(64, "prompt tokens; longer prompts keep their end")
+    max_completion_len: int = option(
+        64, "chosen/rejected tokens; longer answers are cut at the end"
+    )
+    precompute_ref: bool = option(
+        False, "reference log-probs once up front; no reference model in memory"
+    )
 
 
 def parse_args(argv=None) -> Args:
     """Dataclass defaults < `--config file.yaml` < command-line flags; then every value checked."""
-    args = common.parse_args(Args, argv, PROGRAM, __doc__.splitlines()[0])
-    common.check_run_args(args)
-    common.check_positive_float(args, "beta")
-    common.check_at_least(args, 1, "max_prompt_len", "max_completion_len")
+    args = arguments.parse_args(Args, argv, PROGRAM, __doc__.splitlines()[0])
+    arguments.check_run_args(args)
+    arguments.check_positive_float(args, "beta")
+    arguments.check_at_least(args, 1, "max_prompt_len", "max_completion_len")
     return args
 
 
@@ -99,8 +108,10 @@ def collate_pairs(pairs: list[dict], pad_id: int, device) -> dict:
 
 
 # ----------------------------------------------------------------------------- loss
-def sequence_logprobs(model, batch: dict) -> torch.Tensor:
+def sequence_logprobs(model, batch: dict):
     """Sum of the answer tokens' log-probs per sequence, [2B]."""
+    import torch
+
     logits = (
         model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False)
         .logits[:, :-1]
@@ -115,6 +126,8 @@ def dpo_loss(policy_chosen, policy_rejected, ref_chosen, ref_rejected, beta: flo
     """Sigmoid DPO loss (mean over pairs) and the implicit rewards beta * (log pi - log ref).
 
     Returns (loss, chosen_rewards, rejected_rewards); reward margin = chosen - rejected."""
+    import torch
+
     chosen_rewards = beta * (policy_chosen - ref_chosen)
     rejected_rewards = beta * (policy_rejected - ref_rejected)
     loss = -torch.nn.functional.logsigmoid(chosen_rewards - rejected_rewards).mean()
@@ -122,13 +135,9 @@ def dpo_loss(policy_chosen, policy_rejected, ref_chosen, ref_rejected, beta: flo
 
 
 # ----------------------------------------------------------------------------- setup
-def setup(args: Args) -> tuple[common.Run, str]:
-    """Accelerator + batch arithmetic + output directory; returns (run, checkpoint to resume)."""
-    return common.setup_run(args, "dpo")
-
-
 def build_models(args: Args, run: common.Run, tok):
     """Policy + optimizer (prepared) and the frozen reference (None with --precompute-ref)."""
+    import torch
     from accelerate.utils import set_seed
 
     set_seed(args.seed)
@@ -144,12 +153,13 @@ def build_models(args: Args, run: common.Run, tok):
     return model, optimizer, ref
 
 
-@torch.no_grad()
 def precompute_reference(args: Args, run: common.Run, model, pairs: list[dict], pad_id: int):
     """[rows, 2] reference log-probs (chosen, rejected) from the policy before any update.
 
     Each rank scores every world-th row, all ranks the same number of micro-batches (ZeRO-3
     forwards are collective), then one gather puts the table together on every rank."""
+    import torch
+
     accelerator = run.accelerator
     mine = list(range(run.rank, len(pairs), run.world))
     per_rank = -(-len(pairs) // run.world)  # ceil: the last ranks repeat a row to keep step
@@ -159,7 +169,7 @@ def precompute_reference(args: Args, run: common.Run, model, pairs: list[dict], 
     model.eval()
     for chunk in common.micro_batches(mine, args.per_device_batch_size):
         batch = collate_pairs([pairs[i] for i in chunk], pad_id, accelerator.device)
-        with accelerator.autocast():
+        with torch.no_grad(), accelerator.autocast():
             logps = sequence_logprobs(model, batch)
         scores.append(torch.stack(logps.chunk(2), dim=1))
     model.train()
@@ -173,6 +183,8 @@ def precompute_reference(args: Args, run: common.Run, model, pairs: list[dict], 
 def reference_table(args: Args, run: common.Run, model, pairs, pad_id: int, start_step: int):
     """--precompute-ref: computed at step 0 and kept in the run directory, so a resumed run
     (whose policy has moved) reuses the original reference."""
+    import torch
+
     path = os.path.join(args.output_dir, "ref_logps.pt")
     if start_step:
         if not os.path.isfile(path):
@@ -190,21 +202,19 @@ def reference_table(args: Args, run: common.Run, model, pairs, pad_id: int, star
     return table
 
 
-def resume_or_start(args: Args, run: common.Run, resume_path: str):
-    """Load weights, optimizer and RNG when resuming. Returns (start step, metrics log)."""
-    start_step = 0
-    if resume_path:
-        state = common.read_checkpoint_state(resume_path)
-        common.check_resume_state(state, "rows_per_step", run.rows_per_step, "pairs")
-        run.accelerator.load_state(resume_path)
-        start_step = state["step"]
-        run.accelerator.print(f"dpo: resumed from {resume_path} at step {start_step}")
-    return start_step, common.MetricsLog(run.accelerator, args.output_dir, start_step)
-
-
 # ----------------------------------------------------------------------------- update
-def reference_logprobs(args: Args, run: common.Run, ref, ref_table, indices, batch):
+def step_batches(args: Args, run: common.Run, pairs: list[dict], picked: list[int], pad_id: int):
+    """This rank's micro-batches of a step: (row indices, collated batch) each."""
+    return [
+        (chunk, collate_pairs([pairs[i] for i in chunk], pad_id, run.accelerator.device))
+        for chunk in common.micro_batches(picked, args.per_device_batch_size)
+    ]
+
+
+def reference_logprobs(run: common.Run, ref, ref_table, indices: list[int], batch: dict):
     """(chosen, rejected) reference log-probs of a micro-batch: from the table or the model."""
+    import torch
+
     if ref_table is not None:
         scores = ref_table[torch.tensor(indices, device=run.accelerator.device)]
         return scores[:, 0], scores[:, 1]
@@ -212,17 +222,16 @@ def reference_logprobs(args: Args, run: common.Run, ref, ref_table, indices, bat
         return sequence_logprobs(ref, batch).chunk(2)
 
 
-def train_step(
-    args: Args, run: common.Run, model, optimizer, ref, ref_table, pairs, picked, pad_id
-):
-    """One optimizer step over this rank's pairs; returns per-pair sums for the metrics."""
+def train_step(args: Args, run: common.Run, model, optimizer, ref, ref_table, batches: list):
+    """One optimizer step over this rank's micro-batches; returns per-pair sums for the metrics."""
+    import torch
+
     accelerator = run.accelerator
     clip_here = accelerator.state.deepspeed_plugin is None and args.max_grad_norm
     sums = torch.zeros(5, device=accelerator.device, dtype=torch.float64)
     seen = 0
-    for chunk in common.micro_batches(picked, args.per_device_batch_size):
-        batch = collate_pairs([pairs[i] for i in chunk], pad_id, accelerator.device)
-        ref_chosen, ref_rejected = reference_logprobs(args, run, ref, ref_table, chunk, batch)
+    for chunk, batch in batches:
+        ref_chosen, ref_rejected = reference_logprobs(run, ref, ref_table, chunk, batch)
         with accelerator.accumulate(model):
             with accelerator.autocast():
                 policy_chosen, policy_rejected = sequence_logprobs(model, batch).chunk(2)
@@ -250,8 +259,10 @@ def train_step(
     return sums, seen
 
 
-def step_metrics(run: common.Run, step: int, sums: torch.Tensor, seen: int, seconds: float) -> dict:
+def step_metrics(run: common.Run, step: int, sums, seen: int, seconds: float) -> dict:
     """Means over every rank's pairs: loss, rewards, margin, accuracy (chosen reward higher)."""
+    import torch
+
     accelerator = run.accelerator
     seen_all = int(accelerator.reduce(torch.tensor([seen], device=accelerator.device), "sum"))
     loss, chosen, rejected, correct, pairs = accelerator.reduce(sums, "sum").tolist()
@@ -270,33 +281,36 @@ def step_metrics(run: common.Run, step: int, sums: torch.Tensor, seen: int, seco
 
 # ----------------------------------------------------------------------------- main
 def main(argv=None) -> None:
+    common.exit_with_launcher()
     args = parse_args(argv)
+    rows = load_rows(args)  # bad input is refused before torch loads: seconds, not minutes
+    common.check_model(args.model)
+    resume_path = run_dir.claim_output_dir(args)
 
-    rows = load_rows(args)  # data errors first: cheaper than starting processes
-    run, resume_path = setup(args)
+    run = common.start_run(args, "dpo", unit="rows", noun="pairs")
+    run_dir.prepare_output_dir(run.accelerator, args.output_dir, resume_path)
     tok = common.load_tokenizer(args)
     pairs = [tokenize_pair(tok, row, args) for row in rows]
     model, optimizer, ref = build_models(args, run, tok)
-    start_step, metrics_log = resume_or_start(args, run, resume_path)
+    start_step, metrics_log = run_dir.resume_or_start(args, run, resume_path)
     ref_table = None
     if args.precompute_ref:
         ref_table = reference_table(args, run, model, pairs, tok.pad_token_id, start_step)
     accelerator = run.accelerator
     reference = "precomputed" if args.precompute_ref else "a frozen model"
     accelerator.print(
-        f"dpo: {common.describe_setup(accelerator, run.zero_stage)}, "
-        f"{len(pairs)} pairs, {run.rows_per_step} per step, reference {reference}, "
+        f"dpo: {common.describe_setup(run)}, "
+        f"{len(pairs)} pairs, {run.per_step} per step, reference {reference}, "
         f"micro-batch {args.per_device_batch_size}, "
         f"accumulation {args.gradient_accumulation_steps}"
     )
-    bar = common.start_progress(accelerator, "dpo", args, start_step)
+    bar = common.start_progress(run, args, start_step)
 
     for step in range(start_step + 1, args.max_steps + 1):
         started = time.time()
         picked = common.rank_indices(step, len(pairs), run.per_rank, run.world, run.rank, args.seed)
-        sums, seen = train_step(
-            args, run, model, optimizer, ref, ref_table, pairs, picked, tok.pad_token_id
-        )
+        batches = step_batches(args, run, pairs, picked, tok.pad_token_id)
+        sums, seen = train_step(args, run, model, optimizer, ref, ref_table, batches)
         metrics = step_metrics(run, step, sums, seen, time.time() - started)
         metrics_log.write(metrics)
         accelerator.log(metrics, step=step)
@@ -304,10 +318,10 @@ def main(argv=None) -> None:
             loss=f"{metrics['loss']:.4f}", margin=f"{metrics['reward_margin']:.3f}", refresh=False
         )
         bar.update(1)
-        common.checkpoint_on_schedule(run, args, step)
+        run_dir.checkpoint_on_schedule(run, args, step)
     bar.close()
 
-    common.save_final_model(accelerator, model, tok, args.output_dir, "dpo")
+    run_dir.save_final_model(accelerator, model, tok, args.output_dir, "dpo")
     accelerator.end_training()
 
 

@@ -26,12 +26,14 @@ import re
 import sys
 import time
 
-import torch
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # common.py sits beside this file
-import common  # noqa: E402
-from common import build_tiny_model, build_tiny_tokenizer, fail  # noqa: E402,F401
-from common import sample_indices as prompt_indices  # noqa: E402  (the data order of a step)
+# arguments.py, run_dir.py and common.py sit beside this file; torch, transformers and
+# accelerate are imported where they are used, after the input has been checked
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import arguments
+import common
+import run_dir
+from arguments import fail, option, override
+from common import sample_indices as prompt_indices  # the prompts of a step
 
 PROGRAM = "grpo.py"
 
@@ -58,7 +60,7 @@ def accuracy_reward(prompts, completions, answer, **columns) -> list[float]:
     [1.0]
     """
     rewards = []
-    for completion, expected in zip(completions, answer):
+    for completion, expected in zip(completions, answer, strict=True):
         target = last_number(expected)
         rewards.append(1.0 if target is not None and last_number(completion) == target else 0.0)
     return rewards
@@ -75,7 +77,7 @@ def format_reward(prompts, completions, finished=None, **columns) -> list[float]
     if finished is None:
         finished = [True] * len(completions)
     rewards = []
-    for completion, done in zip(completions, finished):
+    for completion, done in zip(completions, finished, strict=True):
         is_number = re.fullmatch(r"\s*-?\d+(?:\.\d+)?\s*", completion) is not None
         rewards.append(1.0 if done and is_number else 0.0)
     return rewards
@@ -86,36 +88,48 @@ REWARDS = {"accuracy": accuracy_reward, "format": format_reward}
 
 # ----------------------------------------------------------------------------- arguments
 @dataclasses.dataclass
-class Args(common.RunArgs):
-    output_dir: str = "runs/grpo"
-    max_steps: int = 150
-    per_device_batch_size: int = 16  # completions per micro-batch; a DeepSpeed JSON integer wins
-    learning_rate: float = 3e-3  # high on purpose for the tiny default model; ~1e-6 for real ones
-    chat_template: bool = False  # wrap each prompt as a user message with the chat template
-    num_generations: int = 8  # completions per prompt (the group)
-    max_prompt_len: int = 64
-    max_completion_len: int = 8
-    temperature: float = 1.0
-    beta: float = 0.0  # KL weight to the frozen reference; 0 = no reference model loaded
-    epsilon: float = 0.2  # clip range low: ratio >= 1 - epsilon
-    epsilon_high: float = 0.0  # clip range high (DAPO "clip-higher"); 0 = same as epsilon
-    loss_type: str = "grpo"  # grpo: per-sequence token mean, then mean; dapo: over all tokens
-    num_iterations: int = 1  # optimizer updates per rollout; > 1 makes the old-policy ratio matter
-    scale_rewards: bool = True  # divide advantages by the group's reward std
-    rewards: str = "accuracy,format"
-    reward_weights: str = "1,1"
-    cache_implementation: str = "auto"  # auto = "static" on CUDA (much faster decode), else dynamic
+class Args(arguments.RunArgs):
+    output_dir: str = override("output_dir", "runs/grpo")
+    max_steps: int = override("max_steps", 150)
+    per_device_batch_size: int = option(
+        16, "completions per micro-batch on each process; a DeepSpeed JSON integer wins"
+    )
+    learning_rate: float = option(
+        3e-3, "AdamW learning rate; high on purpose for the tiny default model, ~1e-6 for real ones"
+    )
+    chat_template: bool = option(False, "wrap each prompt as a user message (chat template)")
+    num_generations: int = option(8, "completions per prompt (the group)")
+    max_prompt_len: int = option(64, "prompt tokens; longer prompts keep their end")
+    max_completion_len: int = option(8, "tokens sampled per completion at most")
+    temperature: float = option(1.0, "sampling temperature")
+    beta: float = option(0.0, "KL weight to the frozen reference; 0: no reference model loaded")
+    epsilon: float = option(0.2, "clip range low: ratio >= 1 - epsilon")
+    epsilon_high: float = option(
+        0.0, 'clip range high (DAPO "clip-higher"): ratio <= 1 + epsilon_high; 0: epsilon'
+    )
+    loss_type: str = option(
+        "grpo", "grpo: per-sequence token mean, then the mean; dapo: over all tokens"
+    )
+    num_iterations: int = option(
+        1, "optimizer updates per rollout; more than 1 makes the old-policy ratio matter"
+    )
+    scale_rewards: bool = option(True, "divide advantages by the group's reward std")
+    rewards: str = option("accuracy,format", "reward functions, comma-separated (see REWARDS)")
+    reward_weights: str = option("1,1", "one weight per reward, comma-separated")
+    cache_implementation: str = option(
+        "auto", 'KV cache of generate(); auto: "static" on CUDA (much faster decode), else dynamic'
+    )
 
 
 def parse_args(argv=None) -> Args:
     """Dataclass defaults < `--config file.yaml` < command-line flags; then every value checked."""
-    args = common.parse_args(Args, argv, PROGRAM, __doc__.splitlines()[0])
+    args = arguments.parse_args(Args, argv, PROGRAM, __doc__.splitlines()[0])
     check_args(args)
     return args
 
 
 def check_args(args: Args) -> None:
-    common.check_run_args(args)
+    arguments.check_run_args(args)
     if args.num_generations < 2:
         fail(
             "num_generations",
@@ -123,18 +137,18 @@ def check_args(args: Args) -> None:
             "(advantages would be 0 or NaN)",
             "use at least 2, e.g. 8",
         )
-    common.check_at_least(args, 1, "max_prompt_len", "max_completion_len", "num_iterations")
+    arguments.check_at_least(args, 1, "max_prompt_len", "max_completion_len", "num_iterations")
     if args.temperature <= 0:
         fail(
             "temperature",
             f"{args.temperature} cannot sample (log-probs divide by it)",
             "use a positive temperature, e.g. 1.0",
         )
-    common.check_positive_float(args, "epsilon")
+    arguments.check_positive_float(args, "epsilon")
     for name in ("beta", "epsilon_high"):
         if getattr(args, name) < 0:
             fail(name, f"{getattr(args, name)} is negative", f"use 0 or more for {name}")
-    common.check_choice(args, "loss_type", ("grpo", "dapo"))
+    arguments.check_choice(args, "loss_type", ("grpo", "dapo"))
     parse_rewards(args)
 
 
@@ -178,11 +192,10 @@ def load_rows(args: Args) -> list[dict]:
 
 
 # ----------------------------------------------------------------------------- loss
-def group_advantages(
-    rewards: torch.Tensor, num_generations: int, scale: bool = True, eps: float = 1e-4
-) -> torch.Tensor:
+def group_advantages(rewards, num_generations: int, scale: bool = True, eps: float = 1e-4):
     """(r - mean of its group) / (std of its group + eps); a group = `num_generations` in a row.
 
+    >>> import torch
     >>> group_advantages(torch.tensor([1.0, 0.0, 2.0, 2.0]), 2, scale=False).tolist()
     [0.5, -0.5, 0.0, 0.0]
     """
@@ -193,39 +206,51 @@ def group_advantages(
     return advantages.reshape(-1)
 
 
-def grpo_loss(
-    logp,
-    old_logp,
-    advantages,
-    mask,
-    ref_logp=None,
-    beta=0.0,
-    eps_low=0.2,
-    eps_high=0.2,
-    loss_type="grpo",
-    num_tokens=None,
-):
+@dataclasses.dataclass(frozen=True)
+class Objective:
+    """The settings of grpo_loss, each by name (two float clip bounds side by side are easy to
+    swap unnoticed)."""
+
+    eps_low: float = 0.2  # the ratio is clipped to [1 - eps_low, 1 + eps_high]
+    eps_high: float = 0.2
+    beta: float = 0.0  # weight of the k3 KL to the reference
+    loss_type: str = "grpo"  # grpo: per-sequence token mean, then mean; dapo: over all tokens
+
+    @classmethod
+    def from_args(cls, args: Args) -> Objective:
+        return cls(
+            eps_low=args.epsilon,
+            eps_high=args.epsilon_high or args.epsilon,
+            beta=args.beta,
+            loss_type=args.loss_type,
+        )
+
+
+def grpo_loss(logp, old_logp, advantages, mask, *, objective=None, ref_logp=None, num_tokens=None):
     """Clipped policy-ratio loss (+ beta x k3 KL to a reference) over [B, T] token tensors.
 
     `grpo` averages each sequence over its tokens, then over sequences; `dapo` divides the token
     sum by `num_tokens` (default: this batch's tokens; pass the rollout's share per micro-batch
-    to span a rollout). Returns (loss, {"kl", "clip_frac"}).
+    to span a rollout). `objective` defaults to Objective(). Returns (loss, {"kl", "clip_frac"}).
     """
+    import torch
+
+    objective = objective or Objective()
     ratio = torch.exp(logp - old_logp)
     adv = advantages.unsqueeze(1)
-    clipped_ratio = torch.clamp(ratio, 1 - eps_low, 1 + eps_high)
-    if beta:
+    clipped_ratio = torch.clamp(ratio, 1 - objective.eps_low, 1 + objective.eps_high)
+    if objective.beta:
         kl = torch.exp(ref_logp - logp) - (ref_logp - logp) - 1  # k3 estimator: >= 0, unbiased
     else:
         kl = torch.zeros_like(logp)
-    per_token = -torch.min(ratio * adv, clipped_ratio * adv) + beta * kl
+    per_token = -torch.min(ratio * adv, clipped_ratio * adv) + objective.beta * kl
     mask = mask.to(logp.dtype)
-    if loss_type == "grpo":
+    if objective.loss_type == "grpo":
         loss = ((per_token * mask).sum(1) / mask.sum(1).clamp(min=1)).mean()
-    elif loss_type == "dapo":
+    elif objective.loss_type == "dapo":
         loss = (per_token * mask).sum() / (num_tokens if num_tokens else mask.sum().clamp(min=1))
     else:
-        raise ValueError(f"loss_type must be grpo or dapo, not {loss_type!r}")
+        raise ValueError(f"loss_type must be grpo or dapo, not {objective.loss_type!r}")
     n = mask.sum().clamp(min=1)
     was_clipped = (clipped_ratio * adv < ratio * adv).to(mask.dtype)
     stats = {
@@ -237,6 +262,8 @@ def grpo_loss(
 
 def token_logprobs(model, ids, attn, completion_len: int, temperature: float):
     """Log-probabilities of the last `completion_len` tokens of `ids` under `model`."""
+    import torch
+
     positions = (attn.long().cumsum(-1) - 1).clamp(min=0)  # left padding: count real tokens only
     out = model(input_ids=ids, attention_mask=attn, position_ids=positions, use_cache=False)
     logits = out.logits[:, -completion_len - 1 : -1].float() / temperature
@@ -247,9 +274,12 @@ def token_logprobs(model, ids, attn, completion_len: int, temperature: float):
 def completion_mask(completions, eos_id: int):
     """1 for tokens up to and including the first EOS (so the policy learns to stop), 0 after.
 
+    >>> import torch
     >>> completion_mask(torch.tensor([[5, 1, 7], [5, 6, 7]]), eos_id=1).tolist()
     [[1, 1, 0], [1, 1, 1]]
     """
+    import torch
+
     is_eos = completions == eos_id
     length = completions.shape[1]
     first = torch.where(is_eos.any(1), is_eos.int().argmax(1), length)
@@ -258,51 +288,31 @@ def completion_mask(completions, eos_id: int):
 
 
 # ----------------------------------------------------------------------------- setup
-@dataclasses.dataclass
-class Run:
-    """What the loop needs to know about this process and the batch arithmetic."""
-
-    accelerator: object
-    zero_stage: int
-    world: int
-    rank: int
-    local_n: int  # completions this rank generates per step
-    prompts_per_step: int
-    chunks: list  # micro-batch slices of this rank's completions
-
-
-def setup(args: Args) -> tuple[Run, str]:
-    """Accelerator + batch arithmetic + output directory; returns (run, checkpoint to resume)."""
-    accelerator, zero_stage = common.build_accelerator(args, "grpo")
-    world = accelerator.num_processes
-    mb = args.per_device_batch_size
-    ga = args.gradient_accumulation_steps
-    group = args.num_generations
-    local_n = mb * ga
-    if (local_n * world) % group:
+def setup(args: Args) -> common.Run:
+    """The accelerator and a step's arithmetic: each rank samples micro-batch x accumulation
+    completions, num_generations per prompt, so all ranks' completions must fill whole groups."""
+    run = common.start_run(args, "grpo", unit="prompts", noun="prompts", group=args.num_generations)
+    completions = run.per_rank * run.world
+    if completions % args.num_generations:
         fail(
             "num_generations",
-            f"per_device_batch_size {mb} x processes {world} x "
-            f"gradient_accumulation_steps {ga} = {local_n * world} completions per step is not "
-            f"divisible by num_generations {group}",
+            f"per_device_batch_size {args.per_device_batch_size} x processes {run.world} x "
+            f"gradient_accumulation_steps {args.gradient_accumulation_steps} = {completions} "
+            f"completions per step is not divisible by num_generations {args.num_generations}",
             "change one of them so the product is a multiple of num_generations",
         )
-    chunks = [slice(i * mb, (i + 1) * mb) for i in range(ga)]
-    run = Run(
-        accelerator,
-        zero_stage,
-        world,
-        accelerator.process_index,
-        local_n,
-        local_n * world // group,
-        chunks,
-    )
-    resume_path = common.claim_output_dir(accelerator, args)
-    return run, resume_path
+    return run
 
 
-def build_models(args: Args, run: Run):
+def micro_slices(args: Args) -> list[slice]:
+    """This rank's completions of a step, cut into micro-batches."""
+    size = args.per_device_batch_size
+    return [slice(i * size, (i + 1) * size) for i in range(args.gradient_accumulation_steps)]
+
+
+def build_models(args: Args, run: common.Run):
     """Tokenizer, policy, optional frozen reference (beta > 0) and optimizer, prepared."""
+    import torch
     from accelerate.utils import set_seed
 
     accelerator = run.accelerator
@@ -323,26 +333,13 @@ def build_models(args: Args, run: Run):
     return tok, model, ref, optimizer
 
 
-def resume_or_start(args: Args, run: Run, resume_path: str):
-    """Load the checkpoint (weights, optimizer, every rank's RNG) when resuming; the data
-    position is a function of the step. Returns (start step, metrics log)."""
-    start_step = 0
-    if resume_path:
-        state = common.read_checkpoint_state(resume_path)
-        common.check_resume_state(state, "prompts_per_step", run.prompts_per_step, "prompts")
-        run.accelerator.load_state(resume_path)
-        start_step = state["step"]
-        run.accelerator.print(f"grpo: resumed from {resume_path} at step {start_step}")
-    metrics = common.MetricsLog(run.accelerator, args.output_dir, start_step)
-    return start_step, metrics
-
-
 # ----------------------------------------------------------------------------- rollout
-@torch.no_grad()
 def sample(accelerator, model, zero_stage: int, ids, attn, args: Args, tok):
     """Sample with the unwrapped module (an engine's forward is for training). Under ZeRO-3 the
     shards are gathered ONCE per rollout with DeepSpeed's per-module fetch hooks detached (else
     every generated token re-gathers every layer)."""
+    import torch
+
     gathered = contextlib.nullcontext()
     if zero_stage == 3:
         from deepspeed.runtime.zero.stage3 import unwrap_model_for_generation  # DeepSpeed >= 0.16
@@ -351,7 +348,7 @@ def sample(accelerator, model, zero_stage: int, ids, attn, args: Args, tok):
     cache = args.cache_implementation
     if cache == "auto":
         cache = "static" if ids.is_cuda else None
-    with gathered:
+    with gathered, torch.no_grad():
         module = accelerator.unwrap_model(model).eval()
         with accelerator.autocast():
             out = module.generate(
@@ -378,25 +375,19 @@ def format_prompt(tok, prompt: str, chat_template: bool) -> str:
     return tok.apply_chat_template(message, tokenize=False, add_generation_prompt=True)
 
 
-def generate_rollout(
-    args: Args,
-    run: Run,
-    model,
-    tok,
-    rows: list[dict],
-    step: int,
-    reward_names: list[str],
-    weights: list[float],
-) -> dict:
+def generate_rollout(args: Args, run: common.Run, model, tok, rows: list[dict], step: int) -> dict:
     """This rank's completions for step `step`, with rewards and group-normalised advantages.
 
     Every rank builds the same global list (each prompt repeated num_generations times) and
     takes its own slice, so a group may span ranks; advantages use the gathered rewards."""
+    import torch
+
+    reward_names, weights = parse_rewards(args)
     accelerator, device = run.accelerator, run.accelerator.device
     group = args.num_generations
-    picked = [rows[i] for i in prompt_indices(step - 1, len(rows), run.prompts_per_step, args.seed)]
+    picked = [rows[i] for i in prompt_indices(step - 1, len(rows), run.per_step, args.seed)]
     repeated = [row for row in picked for _ in range(group)]
-    mine = repeated[run.rank * run.local_n : (run.rank + 1) * run.local_n]
+    mine = repeated[run.rank * run.per_rank : (run.rank + 1) * run.per_rank]
     prompts = [format_prompt(tok, row["prompt"], args.chat_template) for row in mine]
     enc = tok(
         prompts, padding=True, truncation=True, max_length=args.max_prompt_len, return_tensors="pt"
@@ -415,7 +406,7 @@ def generate_rollout(
     rewards = (per_fn * torch.tensor(weights, device=device)).sum(1)
     all_rewards = accelerator.gather(rewards)  # rank order == global order, so groups line up
     advantages = group_advantages(all_rewards, group, args.scale_rewards)
-    advantages = advantages[run.rank * run.local_n : (run.rank + 1) * run.local_n]
+    advantages = advantages[run.rank * run.per_rank : (run.rank + 1) * run.per_rank]
     return {
         "sequences": torch.cat([enc.input_ids, completions], 1),
         "attention": torch.cat([enc.attention_mask, mask], 1),
@@ -428,7 +419,7 @@ def generate_rollout(
 
 
 # ----------------------------------------------------------------------------- update
-def rollout_logprobs(args: Args, run: Run, model, rollout: dict, chunk: slice):
+def rollout_logprobs(args: Args, run: common.Run, model, rollout: dict, chunk: slice):
     """Completion-token log-probs of one micro-batch of the rollout under `model`."""
     with run.accelerator.autocast():
         return token_logprobs(
@@ -440,26 +431,30 @@ def rollout_logprobs(args: Args, run: Run, model, rollout: dict, chunk: slice):
         )
 
 
-def update_policy(args: Args, run: Run, model, ref, optimizer, rollout: dict) -> list[float]:
+def update_policy(args: Args, run: common.Run, model, ref, optimizer, rollout: dict) -> list[float]:
     """num_iterations passes over the rollout's micro-batches; returns mean [loss, kl, clip_frac].
 
     Old-policy log-probs only matter when a rollout is reused (num_iterations > 1); otherwise
     the ratio is exactly 1 and logp.detach() stands in for them."""
+    import torch
+
     accelerator = run.accelerator
+    chunks = micro_slices(args)
+    objective = Objective.from_args(args)
     with torch.no_grad():
         old = None
         ref_lp = None
         if args.num_iterations > 1:
-            old = torch.cat([rollout_logprobs(args, run, model, rollout, c) for c in run.chunks])
+            old = torch.cat([rollout_logprobs(args, run, model, rollout, c) for c in chunks])
         if ref is not None:
-            ref_lp = torch.cat([rollout_logprobs(args, run, ref, rollout, c) for c in run.chunks])
+            ref_lp = torch.cat([rollout_logprobs(args, run, ref, rollout, c) for c in chunks])
     mask, advantages = rollout["mask"], rollout["advantages"]
     ga = args.gradient_accumulation_steps
     num_tokens = mask.sum().clamp(min=1) / ga  # dapo: a micro-batch's share of this rank's tokens
     clip_here = accelerator.state.deepspeed_plugin is None and args.max_grad_norm
     sums = torch.zeros(3, device=accelerator.device)
     for _ in range(args.num_iterations):
-        for chunk in run.chunks:
+        for chunk in chunks:
             # accumulate() decides when gradients sync and the optimizer really steps
             with accelerator.accumulate(model):
                 logp = rollout_logprobs(args, run, model, rollout, chunk)
@@ -470,12 +465,9 @@ def update_policy(args: Args, run: Run, model, ref, optimizer, rollout: dict) ->
                     old_logp,
                     advantages[chunk],
                     mask[chunk],
-                    chunk_ref,
-                    args.beta,
-                    args.epsilon,
-                    args.epsilon_high or args.epsilon,
-                    args.loss_type,
-                    num_tokens,
+                    objective=objective,
+                    ref_logp=chunk_ref,
+                    num_tokens=num_tokens,
                 )
                 accelerator.backward(loss)
                 if accelerator.sync_gradients and clip_here:  # DeepSpeed clips by its JSON
@@ -489,9 +481,11 @@ def update_policy(args: Args, run: Run, model, ref, optimizer, rollout: dict) ->
 
 # ----------------------------------------------------------------------------- log
 def step_metrics(
-    run: Run, step: int, rollout: dict, losses: list[float], names: list[str], seconds: float
+    run: common.Run, step: int, rollout: dict, losses: list[float], names: list[str], seconds: float
 ) -> dict:
     """One metrics row; one reduction for the losses, one gather for rewards and token counts."""
+    import torch
+
     accelerator = run.accelerator
     loss, kl, clip_frac = accelerator.reduce(
         torch.tensor(losses, device=accelerator.device), "mean"
@@ -504,14 +498,14 @@ def step_metrics(
         "reward": float(all_rewards.mean()),
         "reward_std": float(all_rewards.std()),
     }
-    for name, value in zip(names, fn_means):
+    for name, value in zip(names, fn_means, strict=True):
         metrics[f"reward/{name}"] = value
     metrics.update(
         {
             "loss": loss,
             "kl": kl,
             "clip_frac": clip_frac,
-            "completion_len": n_tokens / (run.local_n * run.world),
+            "completion_len": n_tokens / (run.per_rank * run.world),
             "tokens": n_tokens,
             "tok_s": n_tokens / seconds,
             "step_s": seconds,
@@ -520,45 +514,57 @@ def step_metrics(
     return metrics
 
 
+def progress_postfix(metrics: dict, args: Args) -> dict:
+    """What the progress bar shows after each step, reward first.
+
+    The loss is left out when the policy ratio is 1 (one update per rollout, no KL term): it is
+    then -mean(advantages) = 0 by construction and read as broken (`loss=-0.0000`)."""
+    shown = {
+        "reward": f"{metrics['reward']:.3f}",
+        "len": f"{metrics['completion_len']:.1f}",
+    }
+    if args.beta:
+        shown["kl"] = f"{metrics['kl']:.4f}"
+    if args.num_iterations > 1 or args.beta:
+        shown["loss"] = f"{metrics['loss']:.4f}"
+    return shown
+
+
 # ----------------------------------------------------------------------------- main
 def main(argv=None) -> None:
+    common.exit_with_launcher()
     args = parse_args(argv)
-    reward_names, weights = parse_rewards(args)
+    reward_names = parse_rewards(args)[0]
+    rows = load_rows(args)  # bad input is refused before torch loads: seconds, not minutes
+    common.check_model(args.model)
+    resume_path = run_dir.claim_output_dir(args)
 
-    rows = load_rows(args)  # data errors first: cheaper than starting processes
-    run, resume_path = setup(args)
+    run = setup(args)
+    run_dir.prepare_output_dir(run.accelerator, args.output_dir, resume_path)
     tok, model, ref, optimizer = build_models(args, run)
-    start_step, metrics_log = resume_or_start(args, run, resume_path)
+    start_step, metrics_log = run_dir.resume_or_start(args, run, resume_path)
     accelerator = run.accelerator
     accelerator.print(
-        f"grpo: {common.describe_setup(accelerator, run.zero_stage)}, "
-        f"{run.prompts_per_step} prompts x {args.num_generations} generations per "
+        f"grpo: {common.describe_setup(run)}, "
+        f"{run.per_step} prompts x {args.num_generations} generations per "
         f"step, micro-batch {args.per_device_batch_size}, "
         f"accumulation {args.gradient_accumulation_steps}"
     )
-    bar = common.start_progress(accelerator, "grpo", args, start_step)
+    bar = common.start_progress(run, args, start_step)
 
     for step in range(start_step + 1, args.max_steps + 1):
         started = time.time()
-        rollout = generate_rollout(args, run, model, tok, rows, step, reward_names, weights)
+        rollout = generate_rollout(args, run, model, tok, rows, step)
         losses = update_policy(args, run, model, ref, optimizer, rollout)
         metrics = step_metrics(run, step, rollout, losses, reward_names, time.time() - started)
         metrics_log.write(metrics)
         accelerator.log(metrics, step=step)  # no-op without trackers
-        bar.set_postfix(
-            reward=f"{metrics['reward']:.3f}", loss=f"{metrics['loss']:.4f}", refresh=False
-        )
+        bar.set_postfix(progress_postfix(metrics, args), refresh=False)
         bar.update(1)
-        if args.save_every and (step % args.save_every == 0 or step == args.max_steps):
-            state = {
-                "step": step,
-                "prompts_seen": step * run.prompts_per_step,
-                "prompts_per_step": run.prompts_per_step,
-            }
-            common.save_checkpoint(accelerator, args.output_dir, step, state, args.save_total_limit)
+        run_dir.checkpoint_on_schedule(run, args, step)
     bar.close()
 
-    common.save_final_model(accelerator, model, tok, args.output_dir, "grpo")
+    run_dir.save_final_model(accelerator, model, tok, args.output_dir, "grpo")
     accelerator.end_training()
 
 

@@ -23,11 +23,13 @@ import os
 import sys
 import time
 
-import torch
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # common.py sits beside this file
-import common  # noqa: E402
-from common import fail  # noqa: E402
+# arguments.py, run_dir.py and common.py sit beside this file; torch, transformers and
+# accelerate are imported where they are used, after the input has been checked
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import arguments
+import common
+import run_dir
+from arguments import fail, option, override
 
 PROGRAM = "sft.py"
 IGNORE = -100  # label of a token that takes no loss (prompt, padding)
@@ -35,20 +37,21 @@ IGNORE = -100  # label of a token that takes no loss (prompt, padding)
 
 # ----------------------------------------------------------------------------- arguments
 @dataclasses.dataclass
-class Args(common.RunArgs):
-    output_dir: str = "runs/sft"
-    max_steps: int = 100
-    per_device_batch_size: int = 16
-    learning_rate: float = 3e-3  # high on purpose for the tiny default model; ~2e-5 for real ones
-    max_seq_len: int = 128  # prompt + completion tokens; longer examples are cut at the end
-    packing: bool = False  # concatenate examples into blocks of max_seq_len (no padding)
+class Args(arguments.RunArgs):
+    output_dir: str = override("output_dir", "runs/sft")
+    per_device_batch_size: int = override("per_device_batch_size", 16)
+    learning_rate: float = option(
+        3e-3, "AdamW learning rate; high on purpose for the tiny default model, ~2e-5 for real ones"
+    )
+    max_seq_len: int = option(128, "prompt + completion tokens; longer examples are cut at the end")
+    packing: bool = option(False, "concatenate examples into blocks of max_seq_len (no padding)")
 
 
 def parse_args(argv=None) -> Args:
     """Dataclass defaults < `--config file.yaml` < command-line flags; then every value checked."""
-    args = common.parse_args(Args, argv, PROGRAM, __doc__.splitlines()[0])
-    common.check_run_args(args)
-    common.check_at_least(args, 2, "max_seq_len")
+    args = arguments.parse_args(Args, argv, PROGRAM, __doc__.splitlines()[0])
+    arguments.check_run_args(args)
+    arguments.check_at_least(args, 2, "max_seq_len")
     return args
 
 
@@ -122,7 +125,7 @@ def split_prompt_completion(tok, row: dict) -> tuple[str, str, bool]:
     if not full.startswith(prompt):
         fail(
             "messages",
-            "the chat template renders the prompt differently inside the full " "conversation",
+            "the chat template renders the prompt differently inside the full conversation",
             "use prompt/completion rows for this tokenizer",
         )
     return prompt, full[len(prompt) :], False
@@ -186,12 +189,14 @@ def collate(examples: list, pad_id: int, device) -> dict:
 
 
 # ----------------------------------------------------------------------------- loss
-def sft_loss(logits: torch.Tensor, labels: torch.Tensor, num_tokens=None) -> torch.Tensor:
+def sft_loss(logits, labels, num_tokens=None):
     """Cross-entropy of each next token whose label is not IGNORE, summed, / num_tokens.
 
     Logits at position t predict token t + 1. `num_tokens` defaults to this batch's labelled
     tokens; the loop passes this rank's step total / accumulation, so micro-batches of
     different lengths weigh each token the same."""
+    import torch
+
     logits = logits[:, :-1].float()
     targets = labels[:, 1:]
     total = torch.nn.functional.cross_entropy(
@@ -206,13 +211,9 @@ def sft_loss(logits: torch.Tensor, labels: torch.Tensor, num_tokens=None) -> tor
 
 
 # ----------------------------------------------------------------------------- setup
-def setup(args: Args) -> tuple[common.Run, str]:
-    """Accelerator + batch arithmetic + output directory; returns (run, checkpoint to resume)."""
-    return common.setup_run(args, "sft")
-
-
 def build_model(args: Args, run: common.Run, tok):
     """The model and its optimizer, prepared (wrapped by DDP or a DeepSpeed engine)."""
+    import torch
     from accelerate.utils import set_seed
 
     set_seed(args.seed)
@@ -221,18 +222,6 @@ def build_model(args: Args, run: common.Run, tok):
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.learning_rate, weight_decay=0.0)
     return run.accelerator.prepare(model, optimizer)
-
-
-def resume_or_start(args: Args, run: common.Run, resume_path: str):
-    """Load weights, optimizer and RNG when resuming. Returns (start step, metrics log)."""
-    start_step = 0
-    if resume_path:
-        state = common.read_checkpoint_state(resume_path)
-        common.check_resume_state(state, "rows_per_step", run.rows_per_step, "examples")
-        run.accelerator.load_state(resume_path)
-        start_step = state["step"]
-        run.accelerator.print(f"sft: resumed from {resume_path} at step {start_step}")
-    return start_step, common.MetricsLog(run.accelerator, args.output_dir, start_step)
 
 
 # ----------------------------------------------------------------------------- update
@@ -267,6 +256,8 @@ def train_step(args: Args, run: common.Run, model, optimizer, batch: list, pad_i
 
 def step_metrics(run: common.Run, step: int, sums: dict, seconds: float) -> dict:
     """Token-mean loss over every rank's completion tokens, and tokens/s of all tokens seen."""
+    import torch
+
     accelerator = run.accelerator
     totals = torch.tensor(
         [sums["loss_sum"], sums["labelled"], sums["seen"]],
@@ -286,22 +277,26 @@ def step_metrics(run: common.Run, step: int, sums: dict, seconds: float) -> dict
 
 # ----------------------------------------------------------------------------- main
 def main(argv=None) -> None:
+    common.exit_with_launcher()
     args = parse_args(argv)
+    rows = load_rows(args)  # bad input is refused before torch loads: seconds, not minutes
+    common.check_model(args.model)
+    resume_path = run_dir.claim_output_dir(args)
 
-    rows = load_rows(args)  # data errors first: cheaper than starting processes
-    run, resume_path = setup(args)
+    run = common.start_run(args, "sft", unit="rows", noun="examples")
+    run_dir.prepare_output_dir(run.accelerator, args.output_dir, resume_path)
     tok = common.load_tokenizer(args)
     examples = build_examples(args, tok, rows)
     model, optimizer = build_model(args, run, tok)
-    start_step, metrics_log = resume_or_start(args, run, resume_path)
+    start_step, metrics_log = run_dir.resume_or_start(args, run, resume_path)
     accelerator = run.accelerator
     accelerator.print(
-        f"sft: {common.describe_setup(accelerator, run.zero_stage)}, "
+        f"sft: {common.describe_setup(run)}, "
         f"{len(examples)} {'blocks' if args.packing else 'examples'}, "
-        f"{run.rows_per_step} per step, micro-batch {args.per_device_batch_size}, "
+        f"{run.per_step} per step, micro-batch {args.per_device_batch_size}, "
         f"accumulation {args.gradient_accumulation_steps}"
     )
-    bar = common.start_progress(accelerator, "sft", args, start_step)
+    bar = common.start_progress(run, args, start_step)
 
     for step in range(start_step + 1, args.max_steps + 1):
         started = time.time()
@@ -316,10 +311,10 @@ def main(argv=None) -> None:
         accelerator.log(metrics, step=step)
         bar.set_postfix(loss=f"{metrics['loss']:.4f}", refresh=False)
         bar.update(1)
-        common.checkpoint_on_schedule(run, args, step)
+        run_dir.checkpoint_on_schedule(run, args, step)
     bar.close()
 
-    common.save_final_model(accelerator, model, tok, args.output_dir, "sft")
+    run_dir.save_final_model(accelerator, model, tok, args.output_dir, "sft")
     accelerator.end_training()
 
 

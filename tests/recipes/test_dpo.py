@@ -10,7 +10,6 @@ import math
 
 import pytest
 import torch
-
 from recipe_runs import load_recipe
 
 dpo = load_recipe("dpo")

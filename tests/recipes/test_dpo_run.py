@@ -15,7 +15,6 @@ import json
 import math
 
 import pytest
-
 from recipe_runs import (
     failure_text,
     kill_after_checkpoint,

@@ -1,4 +1,5 @@
-"""GRPO maths of recipes/grpo.py against hand-computed numbers: advantages, clipping, KL, normalisation.
+"""GRPO maths of recipes/grpo.py against hand-computed numbers: advantages, clipping, KL,
+normalisation.
 
 Run: .venv/bin/python -m pytest tests/recipes/test_grpo_loss.py -q   (~5 s)
 """
@@ -47,18 +48,18 @@ def test_group_advantages_unscaled_and_larger_groups():
 
 
 # Two completions of two tokens. old_logp = 0, so ratio = exp(logp).
-#   seq 0, advantage +1: ratios 1.5 (clipped to 1.2: -1.2) and 0.5 (low clip does not bind for A > 0: -0.5)
+#   seq 0, advantage +1: ratios 1.5 (clipped to 1.2: -1.2) and 0.5 (the low clip does not bind
+#   for A > 0: -0.5)
 #   seq 1, advantage -1: ratio 0.7 (clipped to 0.8: +0.8); its second token is padding (mask 0)
 RATIOS = torch.tensor([[1.5, 0.5], [0.7, 1.1]])
 MASK = torch.tensor([[1, 1], [1, 0]])
 ADV = torch.tensor([1.0, -1.0])
 
 
-def loss_of(**kw):
+def loss_of(loss_type: str, beta: float = 0.0, **kw):
     logp = RATIOS.log().requires_grad_(True)
-    loss, stats = grpo.grpo_loss(
-        logp, torch.zeros(2, 2), ADV, MASK, eps_low=0.2, eps_high=0.2, **kw
-    )
+    objective = grpo.Objective(eps_low=0.2, eps_high=0.2, beta=beta, loss_type=loss_type)
+    loss, stats = grpo.grpo_loss(logp, torch.zeros(2, 2), ADV, MASK, objective=objective, **kw)
     loss.backward()
     return loss.item(), stats, logp.grad
 
@@ -75,9 +76,8 @@ def test_grpo_loss_per_sequence_with_clipping():
 def test_dapo_loss_per_token():
     loss, _, _ = loss_of(loss_type="dapo")
     assert loss == pytest.approx((-1.2 - 0.5 + 0.8) / 3)  # -0.3
-    loss, _, _ = loss_of(
-        loss_type="dapo", num_tokens=6
-    )  # normaliser given by the caller (whole rollout)
+    # normaliser given by the caller (the whole rollout)
+    loss, _, _ = loss_of(loss_type="dapo", num_tokens=6)
     assert loss == pytest.approx(-0.9 / 6)
 
 
@@ -91,22 +91,46 @@ def test_kl_term_against_reference():
 
 
 def test_ratio_one_gives_minus_mean_advantage():
-    # num_iterations == 1: old_logp = logp.detach(), so ratio = 1 and loss = -mean(A) (0 for normalised A)
+    # num_iterations == 1: old_logp = logp.detach(), so ratio = 1 and loss = -mean(A)
+    # (0 for normalised advantages)
     logp = torch.tensor([[-1.0, -2.0], [-0.5, -0.1]])
     loss, stats = grpo.grpo_loss(logp, logp.clone(), torch.tensor([2.0, -1.0]), torch.ones(2, 2))
     assert loss.item() == pytest.approx(-0.5) and stats["clip_frac"] == 0.0
 
 
+def test_asymmetric_clip_bounds_by_name():
+    """DAPO's clip-higher: eps_high 0.3 lets ratio 1.25 through for A > 0, eps_low 0.2 still
+    clips ratio 0.7 for A < 0. The settings are keywords only: no positional bound to swap."""
+    logp = torch.tensor([[1.25, 0.7]]).log()
+    objective = grpo.Objective(eps_low=0.2, eps_high=0.3)
+    _, stats = grpo.grpo_loss(
+        logp, torch.zeros(1, 2), torch.tensor([1.0]), torch.ones(1, 2), objective=objective
+    )
+    assert stats["clip_frac"] == 0.0  # 1.25 < 1.3, and 0.7 is not clipped for A > 0
+    _, stats = grpo.grpo_loss(
+        logp, torch.zeros(1, 2), torch.tensor([-1.0]), torch.ones(1, 2), objective=objective
+    )
+    assert stats["clip_frac"] == 0.5  # A < 0: 0.7 < 1 - 0.2 is clipped, 1.25 is not
+    with pytest.raises(TypeError):
+        grpo.grpo_loss(logp, torch.zeros(1, 2), torch.ones(1), torch.ones(1, 2), None, 0.0, 0.2)
+    args = grpo.parse_args(["--epsilon", "0.2", "--epsilon-high", "0.28", "--beta", "0.04"])
+    assert grpo.Objective.from_args(args) == grpo.Objective(0.2, 0.28, 0.04, "grpo")
+
+
 def test_unknown_loss_type_raises():
     with pytest.raises(ValueError, match="grpo or dapo"):
         grpo.grpo_loss(
-            torch.zeros(1, 1), torch.zeros(1, 1), torch.ones(1), torch.ones(1, 1), loss_type="bnpo"
+            torch.zeros(1, 1),
+            torch.zeros(1, 1),
+            torch.ones(1),
+            torch.ones(1, 1),
+            objective=grpo.Objective(loss_type="bnpo"),
         )
 
 
 def test_token_logprobs_matches_log_softmax():
-    tok = grpo.build_tiny_tokenizer()
-    model = grpo.build_tiny_model(tok, seed=1)
+    tok = grpo.common.build_tiny_tokenizer()
+    model = grpo.common.build_tiny_model(tok, seed=1)
     ids = torch.tensor([[0, 5, 13, 6, 15, 7, 1], [3, 5, 13, 6, 15, 8, 1]])
     attn = torch.tensor([[0, 1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1, 1]])
     got = grpo.token_logprobs(model, ids, attn, completion_len=2, temperature=1.0)

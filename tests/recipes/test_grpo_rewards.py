@@ -1,4 +1,5 @@
-"""Reward functions, data order and argument handling of recipes/grpo.py (no training).
+"""Reward functions, data order, batch arithmetic and the progress bar of recipes/grpo.py
+(no training).
 
 Run: .venv/bin/python -m pytest tests/recipes/test_grpo_rewards.py -q   (~15 s; one subprocess)
 """
@@ -7,6 +8,7 @@ from __future__ import annotations
 
 import doctest
 import importlib.util
+import io
 import subprocess
 import sys
 from pathlib import Path
@@ -87,7 +89,7 @@ def test_prompt_indices_deterministic_and_epoch_complete():
 
 
 def test_tiny_tokenizer_round_trip():
-    tok = grpo.build_tiny_tokenizer()
+    tok = grpo.common.build_tiny_tokenizer()
     ids = tok("12+5=")["input_ids"]
     assert len(ids) == 5 and tok.decode(ids) == "12+5="
     assert (
@@ -95,29 +97,22 @@ def test_tiny_tokenizer_round_trip():
     )
 
 
-def test_parse_args_config_then_flags(tmp_path):
-    cfg = tmp_path / "r.yaml"
-    cfg.write_text("max_steps: 7\nbeta: 0.05\nloss_type: dapo\nscale_rewards: false\n")
-    args = grpo.parse_args(["--config", str(cfg), "--max-steps", "9", "--resume_from", "latest"])
-    assert (args.max_steps, args.beta, args.loss_type, args.scale_rewards, args.resume_from) == (
-        9,
-        0.05,
-        "dapo",
-        False,
-        "latest",
-    )
-    assert grpo.parse_args([]).num_generations == 8
+def test_progress_bar_leads_with_reward():
+    """At ratio 1 (one update per rollout, no KL) the loss is -mean(advantages) = 0 by
+    construction: the bar showed `loss=-0.0000` first every step (tqdm sorts keyword postfixes)
+    and looked broken. It shows the reward first, and the loss only when it carries signal."""
+    from tqdm import tqdm
 
-
-def test_parse_args_unknown_config_key(tmp_path, capsys):
-    cfg = tmp_path / "r.yaml"
-    cfg.write_text("max_step: 7\n")
-    with pytest.raises(SystemExit) as e:
-        grpo.parse_args(["--config", str(cfg)])
-    assert e.value.code == 2
-    assert capsys.readouterr().err.strip() == (
-        f"grpo.py: config: unknown keys ['max_step'] in {cfg} " "(fix: use the names in `--help`)"
-    )
+    metrics = {"reward": 0.8125, "completion_len": 2.5, "loss": -0.0, "kl": 0.0123}
+    plain = grpo.progress_postfix(metrics, grpo.parse_args([]))
+    assert plain == {"reward": "0.812", "len": "2.5"}
+    with_kl = grpo.progress_postfix(metrics, grpo.parse_args(["--beta", "0.04"]))
+    assert list(with_kl) == ["reward", "len", "kl", "loss"]
+    shown = io.StringIO()
+    bar = tqdm(total=3, file=shown, desc="grpo", mininterval=0)
+    bar.set_postfix(plain)
+    bar.close()
+    assert "grpo" in shown.getvalue() and "reward=0.812, len=2.5]" in shown.getvalue()
 
 
 def test_bad_batch_arithmetic_is_one_line(tmp_path):
@@ -136,8 +131,9 @@ def test_bad_batch_arithmetic_is_one_line(tmp_path):
     )
     assert out.returncode == 2
     assert out.stderr.strip().splitlines()[-1] == (
-        "grpo.py: num_generations: per_device_batch_size 3 x processes 1 x gradient_accumulation_steps 1 = 3 "
-        "completions per step is not divisible by num_generations 8 "
+        "grpo.py: num_generations: per_device_batch_size 3 x processes 1 x "
+        "gradient_accumulation_steps 1 = 3 completions per step is not divisible by "
+        "num_generations 8 "
         "(fix: change one of them so the product is a multiple of num_generations)"
     )
     assert "Traceback" not in out.stderr

@@ -11,7 +11,6 @@ import math
 
 import pytest
 import torch
-
 from recipe_runs import load_recipe
 
 sft = load_recipe("sft")
