@@ -333,3 +333,51 @@ def test_a_hundred_thousand_gpus_plan_in_well_under_a_second(global_batch):
         assert time.perf_counter() - started < 0.5
         assert p.fits and p.world_size == 100_000
         assert p.global_batch == p.micro_batch * p.grad_accum * 100_000
+
+
+def test_plan_json_is_the_plan_under_todays_keys():
+    """``plan --json``: the Plan's fields under today's keys and order (the model by its name,
+    the GPU by its catalog key, the stack the estimate assumed); the answers stay out."""
+    p = plan(Answers(gpu="H100-SXM", host_ram_gib=64.0), model=QWEN25_05B)
+    data = p.as_json()
+    assert list(data) == [
+        "model",
+        "params",
+        "gpu",
+        "world_size",
+        "precision",
+        "stage",
+        "offload_optimizer",
+        "offload_param",
+        "gradient_checkpointing",
+        "micro_batch",
+        "grad_accum",
+        "global_batch",
+        "peak_gib",
+        "fits",
+        "breakdown",
+        "cpu_gib",
+        "decisions",
+        "alternatives",
+        "suggestions",
+        "gpu_need_gib",
+        "spare_gib",
+        "host_ram_gib",
+        "host_ram_source",
+        "failing_budget",
+        "stack",
+        "optimizer",
+        "loss_path",
+        "padded",
+    ]
+    assert (data["model"], data["gpu"], data["stack"]) == ("qwen2.5-0.5b", "H100-SXM", "hf")
+    assert list(data["decisions"][0]) == ["field", "value", "reason"]
+    assert data["alternatives"][0]["failing"] is None and len(data["alternatives"]) == 16
+
+
+def test_an_offload_override_names_only_that_part_as_yours():
+    p = plan(Answers(gpu="A100-80GB", offload_optimizer="cpu", stage=3), model=QWEN25_7B)
+    reason = {d.field: d.reason for d in p.decisions}["offload"]
+    assert reason == (
+        "optimizer states offloaded to cpu: set by you; params stay on the GPU: planner's choice"
+    )

@@ -1,0 +1,116 @@
+"""The estimate report: the fixed defaults ``zerofit estimate`` applies, its batch arithmetic,
+and ``--json`` as the report's fields.
+
+Run: .venv/bin/python -m pytest tests/planning/test_report.py -q   (~2 s)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from zerofit.errors import ZerofitError
+from zerofit.planning.answers import Answers
+from zerofit.planning.options import TrainingOption
+from zerofit.planning.report import (
+    EstimateReport,
+    build_estimate_report,
+    estimate_grad_accum,
+    estimate_option,
+)
+
+# what `zerofit estimate --json` has printed since the stack-aware model; scripts read these
+JSON_KEYS = [
+    "model",
+    "activations_traced",
+    "activations_basis",
+    "params",
+    "gpu",
+    "world_size",
+    "stage",
+    "offload_optimizer",
+    "offload_param",
+    "precision",
+    "micro_batch",
+    "grad_accum",
+    "seq_len",
+    "gradient_checkpointing",
+    "workload",
+    "padded",
+    "padding_gib",
+    "peak_gib",
+    "fits",
+    "budget_gib",
+    "peak_phase",
+    "breakdown",
+    "cpu_gib",
+    "cuda_context_gib",
+    "stack",
+    "optimizer",
+    "loss_path",
+    "weights_dtype",
+    "outside_peak_gib",
+    "safety_margin_gib",
+    "gpu_need_gib",
+    "spare_gib",
+    "gpu_memory_gib",
+    "fits_gpu",
+    "host_ram_gib",
+    "host_ram_source",
+    "fits_host",
+    "pin_memory",
+    "cpu_gib_unpinned",
+    "from_files",
+]
+
+
+def test_the_json_is_the_report_under_todays_keys():
+    report = build_estimate_report(Answers(model="qwen2.5-0.5b", host_ram_gib=64.0))
+    data = report.as_json()
+    assert list(data) == JSON_KEYS == [f.name for f in dataclasses.fields(EstimateReport)]
+    assert data["from_files"] == [] and isinstance(data["breakdown"], dict)
+    assert data["spare_gib"] == pytest.approx(data["budget_gib"] - data["gpu_need_gib"], abs=0.01)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        report.fits = False  # type: ignore[misc]
+
+
+def test_unset_knobs_take_the_fixed_estimate_defaults():
+    assert estimate_option(Answers()) == TrainingOption(2)
+    # parameters on the CPU: ZeRO-3, and DeepSpeed moves the optimizer with them
+    assert estimate_option(Answers(offload_param="cpu")) == TrainingOption(3, "cpu", "cpu")
+    assert estimate_option(Answers(stage=1, gradient_checkpointing=True)) == TrainingOption(
+        1, gradient_checkpointing=True
+    )
+    with pytest.raises(ZerofitError, match="offload_param"):
+        estimate_option(Answers(stage=2, offload_param="cpu"))
+    with pytest.raises(ZerofitError, match="offload_optimizer"):
+        estimate_option(Answers(stage=0, offload_optimizer="cpu"))
+
+
+def test_accumulation_from_the_global_batch_or_the_files():
+    eight = Answers(gpus_per_node=8, global_batch=64)
+    assert estimate_grad_accum(eight, micro_batch=2, files={}) == 4
+    with pytest.raises(ZerofitError, match="global_batch.*multiple of 16"):
+        estimate_grad_accum(Answers(gpus_per_node=8, global_batch=24), micro_batch=2, files={})
+    one = Answers()
+    assert estimate_grad_accum(one, micro_batch=4, files={}) == 1
+    assert estimate_grad_accum(one, micro_batch=4, files={"grad_accum": 8}) == 8
+    assert estimate_grad_accum(one, micro_batch=4, files={"train_batch_size": 64}) == 16
+    # the JSON's own gradient_accumulation_steps wins over its train batch size
+    both = {"train_batch_size": 64, "grad_accum": 2}
+    assert estimate_grad_accum(one, micro_batch=4, files=both) == 2
+
+
+def test_the_files_settings_reach_the_estimate():
+    """A reduce bucket and an accumulation from a user's DeepSpeed JSON reach the estimate (the
+    ZeRO-3 backward holds the bucket in bf16); the report lists what came from files, buckets
+    last."""
+    answers = Answers(model="qwen2.5-0.5b", stage=3, micro_batch=4, host_ram_gib=64.0)
+    files = {"buckets": {"reduce_bucket_size": 200_000_000}, "grad_accum": 8}
+    from_json = build_estimate_report(answers, files)
+    assert from_json.breakdown["comm_buckets"] == pytest.approx(2e8 * 2 / 2**30, abs=1e-3)
+    assert from_json.grad_accum == 8
+    assert from_json.from_files == ("grad_accum", "buckets")
+    plain = build_estimate_report(answers)
+    assert plain.breakdown.get("comm_buckets") != from_json.breakdown["comm_buckets"]
