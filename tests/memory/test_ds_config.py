@@ -82,6 +82,7 @@ def test_unreadable_texts_are_one_error():
         (load_accelerate_yaml, "a: [b"),
     ):
         with pytest.raises(ZerofitError) as raised:
-            load(text, "--config")
-        assert raised.value.field == "--config" and "is not valid" in raised.value.problem
-    assert load_accelerate_yaml("num_processes: 2", "--config") == {"num_processes": 2}
+            load(text, "--config", "c.txt")
+        assert raised.value.field == "--config"
+        assert raised.value.problem.startswith("c.txt is not valid ")
+    assert load_accelerate_yaml("num_processes: 2", "--config", "a.yaml") == {"num_processes": 2}

@@ -21,28 +21,30 @@ from zerofit.memory.ds_defaults import ZERO_BUCKET_FIELDS, ds_bucket_sizes, impo
 NOT_MODELLED = {"FSDP": "--stage 3 for FULL_SHARD, --stage 2 for SHARD_GRAD_OP"}
 
 
-def load_deepspeed_json(text: str, where: str) -> Any:
-    """The parsed JSON text of a DeepSpeed config; any parse failure is one ZerofitError."""
+def load_deepspeed_json(text: str, flag: str, path: str) -> Any:
+    """The parsed text of the DeepSpeed JSON at ``path`` (given by ``flag``); any parse failure,
+    deep nesting included, is one ZerofitError."""
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
-        problem = f"is not valid JSON ({exc.msg}, line {exc.lineno})"
+        detail = f"{exc.msg}, line {exc.lineno}"
     except RecursionError:
-        problem = "is not valid JSON (nested too deeply to read)"
-    raise ZerofitError(where, problem, "fix the JSON syntax")
+        detail = "nested too deeply to read"
+    raise ZerofitError(flag, f"{path} is not valid JSON ({detail})", "fix the JSON syntax")
 
 
-def load_accelerate_yaml(text: str, where: str) -> Any:
-    """The parsed YAML text of an accelerate config; any parse failure is one ZerofitError."""
+def load_accelerate_yaml(text: str, flag: str, path: str) -> Any:
+    """The parsed text of the accelerate YAML at ``path`` (given by ``flag``); any parse failure,
+    deep nesting included, is one ZerofitError."""
     import yaml
 
     try:
         return yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        problem = f"is not valid YAML ({str(exc).splitlines()[0]})"
+        detail = str(exc).splitlines()[0]
     except RecursionError:
-        problem = "is not valid YAML (nested too deeply to read)"
-    raise ZerofitError(where, problem, "fix the YAML syntax")
+        detail = "nested too deeply to read"
+    raise ZerofitError(flag, f"{path} is not valid YAML ({detail})", "fix the YAML syntax")
 
 
 def _is_auto(value: Any) -> bool:
