@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from zerofit.errors import ZerofitError
-from zerofit.memory.estimate import GIB, TrainSetup, estimate_memory
+from zerofit.memory.estimate import GIB, MemoryEstimate, TrainSetup, estimate_memory
 from zerofit.planning.answers import Answers
 from zerofit.planning.options import TrainingOption
 from zerofit.planning.planner import (
@@ -197,16 +197,7 @@ def build_estimate_report(
     setup = estimate_setup(inputs, option, micro_batch, grad_accum, files)
     estimate = estimate_memory(model, setup)
     check = judge(estimate, inputs)
-    unpinned_cpu_gib = None
-    if setup.pins_offload:  # what the same offload needs with pin_memory false (memory/pinned.py)
-        unpinned = estimate_memory(model, setup.with_pinning(False))
-        unpinned_cpu_gib = round(unpinned.cpu_gib, 3)
-    # what padding the micro batch costs at the peak (memory/activations.py:
-    # padded_attention_bytes): the same setup with equal-length rows
-    padding_gib = 0.0
-    if setup.padded:
-        unpadded = estimate_memory(model, dataclasses.replace(setup, padded=False))
-        padding_gib = round(estimate.peak_gib - unpadded.peak_gib, 3)
+    unpinned_cpu_gib, padding_gib = _unpinned_and_padding_gib(model, setup, estimate)
     outside = estimate.outside_bytes(gpu.memory_gib)
     return EstimateReport(
         model=model.name,
@@ -251,3 +242,20 @@ def build_estimate_report(
         from_files=tuple(sorted(key for key in files if key != "buckets"))
         + (("buckets",) if "buckets" in files else ()),
     )
+
+
+def _unpinned_and_padding_gib(
+    model, setup: TrainSetup, estimate: MemoryEstimate
+) -> tuple[float | None, float]:
+    """The host RAM the same offload needs with pin_memory false (memory/pinned.py; None when
+    nothing is pinned), and what padding the micro batch adds to the peak (memory/activations.py:
+    padded_attention_bytes; 0 for equal-length rows)."""
+    unpinned_cpu_gib = None
+    if setup.pins_offload:
+        unpinned = estimate_memory(model, setup.with_pinning(False))
+        unpinned_cpu_gib = round(unpinned.cpu_gib, 3)
+    padding_gib = 0.0
+    if setup.padded:
+        unpadded = estimate_memory(model, dataclasses.replace(setup, padded=False))
+        padding_gib = round(estimate.peak_gib - unpadded.peak_gib, 3)
+    return unpinned_cpu_gib, padding_gib
