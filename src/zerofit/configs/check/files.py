@@ -61,7 +61,7 @@ def check_files(
         if cfg is None or name in named_by_another:
             continue
         problems += check_accelerate(cfg, name, exists=exists)
-        problems += _check_reference(cfg, name, targets[name], texts, deepspeed, paired)
+        problems += _check_reference(cfg, name, targets[name], deepspeed, paired)
     for name, cfg in deepspeed.items():
         problems += check_deepspeed(
             cfg, name, world=paired.get(name), gpu_bf16=gpu_bf16, client=client
@@ -70,9 +70,10 @@ def check_files(
 
 
 def _check_reference(
-    cfg: dict, name: str, target: str | None, texts: dict, deepspeed: dict, paired: dict
+    cfg: dict, name: str, target: str | None, deepspeed: dict, paired: dict
 ) -> list[Problem]:
-    """The JSON a YAML names: readable as JSON, and consistent with the YAML's process count."""
+    """The JSON a YAML names: readable as JSON, and consistent with the YAML's process count
+    (recorded in ``paired`` for the JSON's batch arithmetic)."""
     if target is None:
         return []
     if target not in deepspeed:
