@@ -9,11 +9,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import math
 import os
 import sys
-import time
 import typing
 
 PROGRAM = {"name": "recipe"}  # set by parse_args: the prefix of every error line ("grpo.py: ...")
@@ -24,29 +22,10 @@ def fail(field: str, problem: str, fix: str) -> typing.NoReturn:
     """Bad input: one line on stderr naming the field and the fix, exit 2, no traceback.
 
     Under a multi-process launch every rank meets the same bad input; only each node's first
-    rank (LOCAL_RANK 0) prints it. The line also goes to torch elastic's error file, so the
-    launcher's failure report names it instead of "To enable traceback see ..."."""
-    line = f"{PROGRAM['name']}: {field}: {problem} (fix: {fix})"
+    rank (LOCAL_RANK 0) prints it, so the line appears once per node, not once per rank."""
     if os.environ.get("LOCAL_RANK", "0") == "0":
-        print(line, file=sys.stderr, flush=True)
-    tell_launcher(line)
+        print(f"{PROGRAM['name']}: {field}: {problem} (fix: {fix})", file=sys.stderr, flush=True)
     sys.exit(2)
-
-
-def tell_launcher(line: str) -> None:
-    """Write `line` where torch elastic looks for a failed worker's reason.
-
-    The agent passes each worker TORCHELASTIC_ERROR_FILE and reads it back as JSON
-    (torch/distributed/elastic/multiprocessing/errors/__init__.py, ProcessFailure: a plain
-    string `message` with a `timestamp` is shown as is)."""
-    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
-    if not path:
-        return
-    try:
-        with open(path, "w") as f:
-            json.dump({"message": line, "timestamp": int(time.time())}, f)
-    except OSError:
-        pass  # the report is a courtesy; the exit code already says the run failed
 
 
 def note(message: str, accelerator=None) -> None:

@@ -91,8 +91,9 @@ def save_tiny_model(path: Path) -> Path:
     return path
 
 
-def launch(config: Path, recipe: str, out: Path, *flags: str, popen: bool = False):
-    """`accelerate launch --config_file CONFIG recipes/RECIPE.py --output-dir OUT FLAGS`."""
+def launch(config: Path, recipe: str, out: Path, *flags: str, popen: bool = False, env=None):
+    """`accelerate launch --config_file CONFIG recipes/RECIPE.py --output-dir OUT FLAGS`, with
+    `env` added to the environment."""
     cmd = [
         str(BIN / "accelerate"),
         "launch",
@@ -105,7 +106,7 @@ def launch(config: Path, recipe: str, out: Path, *flags: str, popen: bool = Fals
         str(out),
         *flags,
     ]
-    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
+    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", **(env or {})}
     if popen:  # output to a file: an unread pipe fills up (tqdm) and blocks the run
         log = open(out.parent / f"{out.name}-killed.log", "w")
         return subprocess.Popen(
@@ -153,6 +154,23 @@ def reload_in_new_process(final: Path, initial: Path) -> float:
     )
     assert shown.returncode == 0, shown.stderr[-2000:]
     return float(shown.stdout.split("DIFF")[1].split()[0])
+
+
+def processes_with(marker: str) -> list[int]:
+    """Pids of the live processes whose environment holds MARKER=1 (a launch's ranks, which
+    torch elastic starts in sessions of their own, outside the launcher's process group)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes().split(b"\0")
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:  # gone meanwhile, or another user's
+            continue
+        if f"{marker}=1".encode() in environ and state != "Z":
+            found.append(int(entry.name))
+    return found
 
 
 def failure_text(res) -> str:

@@ -3,22 +3,28 @@
 - ZeRO-2: chat-template (`messages`) rows with packing; checkpoints rotate (--save-total-limit).
 - ZeRO-3: prompt/completion rows; the DeepSpeed JSON's micro batch wins over the flag, said once.
 - DDP: SIGKILL after a checkpoint, `--resume-from latest`, every step logged once, lost steps
-  replayed identically.
+  replayed identically; the ranks die with the launcher they outlived before.
+- ZeRO-2, a non-empty --output-dir: refused with one line before any rank starts DeepSpeed.
 Each run's final model loads with from_pretrained in a separate process and differs from the start.
 
-Run: .venv/bin/python -m pytest tests/recipes/test_sft_run.py -q   (serial; 4 launches)
+Run: .venv/bin/python -m pytest tests/recipes/test_sft_run.py -q   (serial; 6 launches)
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
+import signal
+import time
 
 import pytest
 from recipe_runs import (
+    RUN_LIMIT,
     failure_text,
     kill_after_checkpoint,
     launch,
+    processes_with,
     read_metrics,
     reload_in_new_process,
     save_tiny_model,
@@ -141,3 +147,46 @@ def test_ddp_sigkill_then_resume_latest(tiny, tmp_path):
     for r in rows:  # lost steps replayed identically: same rows, same weights, same RNG
         if r["step"] in before and r["step"] > resumed_from:
             assert r["loss"] == pytest.approx(before[r["step"]]["loss"], abs=1e-6), r["step"]
+
+
+def test_ranks_exit_when_the_launcher_is_killed(tiny, tmp_path):
+    """SIGKILL to `accelerate launch`'s process group: torch elastic starts each rank in a
+    session of its own, so the ranks used to train on and write into the directory a resumed
+    run would use. Now each rank dies with its launcher, and the directory is free again."""
+    out = tmp_path / "run"
+    marker = f"ZEROFIT_TEST_RANK_{os.getpid()}"
+    flags = ("--max-steps", "2000", "--save-every", "0")
+    proc = launch(tiny["ddp"], "sft", out, *flags, popen=True, env={marker: "1"})
+    deadline = time.time() + RUN_LIMIT
+    while time.time() < deadline and proc.poll() is None and not read_metrics(out):
+        time.sleep(0.05)
+    ranks = [pid for pid in processes_with(marker) if pid != proc.pid]
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=60)
+    assert read_metrics(out) and len(ranks) == 2, "the run did not start training"
+    deadline = time.time() + 10
+    while time.time() < deadline and set(ranks) & set(processes_with(marker)):
+        time.sleep(0.05)
+    left = set(ranks) & set(processes_with(marker))
+    for pid in left:  # do not leave them running
+        os.kill(pid, signal.SIGKILL)
+    assert not left, f"ranks {sorted(left)} outlived their launcher"
+    res = launch(tiny["ddp"], "sft", out, "--max-steps", "2", "--overwrite", "true")
+    assert res.returncode == 0, failure_text(res)
+
+
+def test_refused_directory_is_one_line_before_deepspeed_starts(tiny, tmp_path):
+    """A non-empty --output-dir under a 2-process ZeRO-2 launch: each rank used to import
+    torch, start DeepSpeed, print the error and its notes, and only then stop (124 s measured);
+    now the input is checked first and the line is printed by local rank 0 only."""
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "metrics.jsonl").write_text('{"step": 1}\n')
+    started = time.monotonic()
+    res = launch(tiny["zero2"], "sft", out)
+    seconds = time.monotonic() - started
+    output = res.stdout + res.stderr
+    assert res.returncode != 0
+    assert output.count(f"sft.py: output_dir: {out} is not empty") == 1, output[-3000:]
+    assert "note:" not in output  # the DeepSpeed JSON was never read: no accelerator was built
+    print(f"refused in {seconds:.1f} s")
