@@ -567,6 +567,9 @@ def test_accelerate_enums_and_launchers_come_from_accelerate():
     assert got["a.yaml:mixed_precision"].fix == "use one of " + ", ".join(
         p.value for p in PrecisionType
     )
+    # counts are typed by ClusterConfig's annotations (num_processes: int)
+    [count] = check_accelerate(dict(GOOD_YAML, num_processes="eight"), "a.yaml")
+    assert (count.path, count.message) == ("a.yaml:num_processes", "'eight' is not a whole number")
     for launcher in DEEPSPEED_MULTINODE_LAUNCHERS:
         ds = {"deepspeed_config_file": "d.json", "deepspeed_multinode_launcher": launcher}
         assert "not a DeepSpeed multi-node launcher" not in str(

@@ -17,6 +17,7 @@ import copy
 import functools
 import importlib
 import sys
+import types
 import typing
 from types import ModuleType
 from typing import Any, Callable
@@ -142,7 +143,7 @@ def _value_types(cfg: dict, name: str) -> list[Problem]:
     for key, annotation in _cluster_fields().items():
         inner = [a for a in typing.get_args(annotation) if a is not type(None)]
         kind = typing.get_origin(annotation) or annotation
-        if len(inner) == 1 and kind is typing.Union:
+        if len(inner) == 1 and kind in (typing.Union, types.UnionType):
             kind = typing.get_origin(inner[0]) or inner[0]
         if kind in (int, dict, list) and cfg.get(key) is not None:
             problem = type_problem(f"{name}:{key}", key, cfg[key], kind)
