@@ -1,5 +1,5 @@
-"""zerofit.doctor.checks checks (pure, over hand-made facts), the real gatherers on this machine, and the
-`--serve` / `--connect` handshake on loopback, including the message when nothing listens.
+"""zerofit.doctor.checks checks (pure, over hand-made facts), the real gatherers on this machine,
+and the `--serve` / `--connect` handshake on loopback, including the message when nothing listens.
 
 Run: .venv/bin/python -m pytest tests/doctor/test_doctor.py -q   (~6 s; `--json` imports torch once)
 """
@@ -94,7 +94,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-# --- pure checks ---------------------------------------------------------------------------------
+# --- pure checks ----------------------------------------------------------------------------------
 def test_fingerprint_tracks_the_version_tuple() -> None:
     fp = fingerprint(VERSIONS)
     assert len(fp) == 12 and fp == fingerprint(dict(reversed(list(VERSIONS.items()))))
@@ -130,6 +130,17 @@ def test_compare_fails_on_critical_drift_and_warns_on_the_rest() -> None:
 def test_gpus_against_config(count: int, status: str, text: str) -> None:
     c = check_gpus(facts(gpus={"count": count, "names": ["NVIDIA H100 80GB HBM3"] * count}))
     assert c.status == status and text in c.detail
+
+
+def test_gpus_against_a_preset_that_leaves_the_process_count_to_the_command_line() -> None:
+    # The shipped presets have no num_processes: accelerate launch takes --num_processes. Reading
+    # the absent count as 1 per node called 7 of 8 GPUs idle.
+    preset = {"distributed_type": "DEEPSPEED", "num_machines": 1}
+    check = check_gpus(facts(config=preset))
+    assert check.status == "pass"
+    assert "8 visible" in check.detail and "--num_processes" in check.detail
+    no_gpu = check_gpus(facts(config=preset, gpus={"count": 0, "names": []}))
+    assert no_gpu.status == "warn"
 
 
 def test_gpus_without_config_or_on_cpu() -> None:
@@ -218,7 +229,7 @@ def test_report_lists_fix_under_failures() -> None:
     assert text.rstrip().endswith("failed")
 
 
-# --- real gatherers on this machine ----------------------------------------------------------------
+# --- real gatherers on this machine ---------------------------------------------------------------
 def test_sysfs_readers(tmp_path: Path) -> None:
     port = tmp_path / "mlx5_0" / "ports" / "1"
     port.mkdir(parents=True)
@@ -264,7 +275,7 @@ def test_cli_json_and_compare(tmp_path: Path, capsys) -> None:
     assert "config: " in capsys.readouterr().err
 
 
-# --- --serve / --connect -----------------------------------------------------------------------
+# --- --serve / --connect --------------------------------------------------------------------------
 def test_handshake_on_loopback() -> None:
     port, ready, result = free_port(), threading.Event(), {}
     t = threading.Thread(
@@ -330,7 +341,7 @@ def test_cli_serve_connect_pair() -> None:
     )
 
 
-# --- issue 13.12: what the doctor used to pass or crash on ----------------------------------------
+# --- what the doctor used to pass or crash on -----------------------------------------------------
 def test_checkpoint_dir_that_does_not_exist_fails(tmp_path: Path) -> None:
     missing = gather_facts(checkpoint_dir=str(tmp_path / "ckpt-typo"), env={})
     c = check_disk(missing)

@@ -56,15 +56,7 @@ from __future__ import annotations
 from typing import Any
 
 from zerofit.errors import ZerofitError
-from zerofit.memory.ds_defaults import ds_bucket_sizes
-
-# What accelerate (Accelerator._prepare_deepspeed) and transformers' HfTrainerDeepSpeedConfig
-# substitute for "auto" in these zero_optimization keys, given the model's hidden size.
-AUTO_BUCKETS = {
-    "reduce_bucket_size": lambda h: h * h,
-    "stage3_prefetch_bucket_size": lambda h: int(0.9 * h * h),
-    "stage3_param_persistence_threshold": lambda h: 10 * h,
-}
+from zerofit.memory.ds_defaults import ds_bucket_sizes, hf_auto_bucket_sizes
 
 # DeepSpeed's fp16 dynamic loss scaling (its documented defaults, written out so users see them;
 # the HF docs' zero2/zero3 templates write the same block with "enabled": "auto").
@@ -133,8 +125,9 @@ def build_zero_section(plan, auto: bool = False) -> dict[str, Any]:
     # overlap_comm hides gradient reduction behind backward; contiguous_gradients avoids
     # fragmentation from many small gradient tensors. Both cost only the buckets counted below.
     zero.update(overlap_comm=True, contiguous_gradients=True)
+    auto_resolves_to = hf_auto_bucket_sizes(plan.hidden_size)
     for key, value in ds_bucket_sizes(plan.hidden_size, stage).items():
-        resolves_same = key in AUTO_BUCKETS and AUTO_BUCKETS[key](plan.hidden_size) == value
+        resolves_same = auto_resolves_to.get(key) == value
         zero[key] = "auto" if auto and resolves_same else value
     nvme_path = plan.answers.nvme_path
     pin = plan.pin_memory

@@ -195,7 +195,7 @@ def gather_facts(
     return facts
 
 
-# --- checks (pure) ---------------------------------------------------------------------------------
+# --- checks (pure) --------------------------------------------------------------------------------
 def check_versions(facts: dict) -> Check:
     v = facts["versions"]
     line = ", ".join(f"{k} {v.get(k) or '-'}" for k in VERSION_KEYS)
@@ -230,10 +230,23 @@ def check_compare(facts: dict, other: dict) -> Check:
     )
 
 
+def config_leaves_process_count(config: dict) -> bool:
+    """True where the accelerate YAML leaves num_processes to ``--num_processes``.
+
+    accelerate's loader (commands/config/config_args.py, ``load_config_from_file``) reads an absent
+    num_processes as 1 only for distributed_type NO; otherwise it stays ClusterConfig's -1, which
+    ``accelerate launch`` (commands/launch.py, ``_validate_launch_command``) takes from the command
+    line, as the shipped presets do.
+    """
+    distributed = config.get("distributed_type", "NO") != "NO"
+    return config.get("num_processes", -1 if distributed else 1) in (-1, None)
+
+
 def check_gpus(facts: dict) -> Check:
+    """The node's visible GPUs against the processes per node the accelerate YAML starts."""
     count, cfg = facts["gpus"]["count"], facts["config"]
     names = ", ".join(sorted(set(facts["gpus"]["names"]))) or "none"
-    if not cfg:
+    if not cfg or config_leaves_process_count(cfg):
         if count == 0:
             return Check(
                 "gpus",
@@ -241,10 +254,17 @@ def check_gpus(facts: dict) -> Check:
                 "no CUDA GPU visible: training would run on CPU",
                 "check `nvidia-smi` and CUDA_VISIBLE_DEVICES",
             )
+        if cfg:
+            return Check(
+                "gpus",
+                "pass",
+                f"{count} visible ({names}); accelerate.yaml leaves the process count to "
+                "`accelerate launch --num_processes`",
+            )
         return Check("gpus", "pass", f"{count} visible ({names})")
     if cfg.get("use_cpu"):
         return Check("gpus", "pass", f"CPU run (use_cpu: true); {count} GPU(s) visible")
-    machines, total = cfg.get("num_machines") or 1, cfg.get("num_processes") or 1
+    machines, total = cfg.get("num_machines") or 1, cfg.get("num_processes")
     per_node = total // machines
     where = (
         f"accelerate.yaml wants {per_node} per node (num_processes {total} over {machines} node(s))"
@@ -306,7 +326,8 @@ def check_disk(facts: dict) -> Check | None:
             "disk",
             "warn",
             f"only {free} GiB free at {disk['path']}",
-            "a checkpoint with optimizer states is ~16 bytes per parameter; pass --need-gib to check",
+            "a checkpoint with optimizer states is ~16 bytes per parameter; "
+            "pass --need-gib to check",
         )
     return Check("disk", "pass", f"{free} GiB free at {disk['path']}")
 
@@ -357,7 +378,8 @@ def check_port(facts: dict) -> Check | None:
             "main port",
             "pass",
             f"not the main node; prove {facts['main_addr']}:{port} is reachable with "
-            f"`zerofit doctor --serve {port}` there and `--connect {facts['main_addr']}:{port}` here",
+            f"`zerofit doctor --serve {port}` there and "
+            f"`--connect {facts['main_addr']}:{port}` here",
         )
     if facts["port_problem"]:
         return Check(
@@ -469,7 +491,7 @@ def run_checks(facts: dict, other: dict | None = None) -> list[Check]:
     return [c for c in checks if c is not None]
 
 
-# --- render -----------------------------------------------------------------------------------------
+# --- render ---------------------------------------------------------------------------------------
 def render_report(facts: dict, checks: list[Check]) -> str:
     """Human report: one line per check (fix underneath), then the interfaces and the NCCL line."""
     lines = [f"zerofit doctor on {facts['host']} (fingerprint {facts['fingerprint']})"]

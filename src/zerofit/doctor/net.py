@@ -20,7 +20,7 @@ _SIOCGIFADDR = 0x8915  # Linux ioctl: an interface's IPv4 address
 
 
 def list_interfaces(sys_net: str = "/sys/class/net") -> list[dict]:
-    """Every network interface: name, IPv4 addresses, operstate, loopback, speed (Mbit/s) when known."""
+    """Every network interface: name, IPv4 addresses, operstate, loopback, speed in Mbit/s."""
     result = []
     for _, name in sorted(socket.if_nameindex(), key=lambda x: x[0]):
         base = Path(sys_net) / name
@@ -132,7 +132,10 @@ def serve(
 
 
 def connect(addr: str, port: int, token: str, timeout: float) -> tuple[bool, str]:
-    """Complete the handshake with a ``serve`` on ``addr:port``; (ok, message with the fix on failure)."""
+    """Complete the handshake with a ``serve`` on ``addr:port``.
+
+    Returns (ok, message), the message naming the fix on failure.
+    """
     where = f"{addr}:{port}"
     try:
         with socket.create_connection((addr, port), timeout=timeout) as conn:
@@ -146,13 +149,14 @@ def connect(addr: str, port: int, token: str, timeout: float) -> tuple[bool, str
         )
     except socket.timeout:
         return False, (
-            f"no answer from {where} within {timeout:g} s (fix: a firewall drops the packets or the "
-            "address is not reachable from this node; check the route and NCCL_SOCKET_IFNAME)"
+            f"no answer from {where} within {timeout:g} s (fix: a firewall drops the packets or "
+            "the address is not reachable from this node; check the route and NCCL_SOCKET_IFNAME)"
         )
     except socket.gaierror as exc:
         return (
             False,
-            f"cannot resolve {addr}: {exc.strerror} (fix: use an IP address or fix DNS / /etc/hosts)",
+            f"cannot resolve {addr}: {exc.strerror} "
+            "(fix: use an IP address or fix DNS / /etc/hosts)",
         )
     except OSError as exc:
         return (

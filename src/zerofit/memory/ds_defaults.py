@@ -106,6 +106,21 @@ def __getattr__(name: str) -> dict[str, int]:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+def hf_auto_bucket_sizes(hidden_size: int) -> dict[str, int]:
+    """What transformers and accelerate substitute for "auto" in these ``zero_optimization`` keys.
+
+    transformers/integrations/deepspeed.py, ``HfTrainerDeepSpeedConfig.trainer_config_finalize``,
+    and accelerate/accelerator.py, ``Accelerator._prepare_deepspeed``: hidden² for the reduce
+    bucket, 0.9 hidden² for stage 3's prefetch bucket, 10 hidden for its persistence threshold.
+    """
+    hidden_squared = hidden_size * hidden_size
+    return {
+        "reduce_bucket_size": hidden_squared,
+        "stage3_prefetch_bucket_size": int(0.9 * hidden_squared),
+        "stage3_param_persistence_threshold": 10 * hidden_size,
+    }
+
+
 def ds_bucket_sizes(hidden_size: int, stage: int) -> dict[str, int]:
     """Bucket/prefetch sizes (in elements) zerofit writes into ``zero_optimization`` at ``stage``.
 
@@ -119,11 +134,8 @@ def ds_bucket_sizes(hidden_size: int, stage: int) -> dict[str, int]:
     if stage in (1, 2):
         return {key: defaults[key] for key in ("reduce_bucket_size", "allgather_bucket_size")}
     if stage == 3:
-        h2 = hidden_size * hidden_size
         return {
-            "reduce_bucket_size": h2,
-            "stage3_prefetch_bucket_size": int(0.9 * h2),
-            "stage3_param_persistence_threshold": 10 * hidden_size,
+            **hf_auto_bucket_sizes(hidden_size),
             "stage3_max_live_parameters": defaults["stage3_max_live_parameters"],
             "stage3_max_reuse_distance": defaults["stage3_max_reuse_distance"],
         }
