@@ -416,10 +416,11 @@ def test_out_must_be_a_directory_name_on_one_line(tmp_path, monkeypatch, capsys,
 def test_main_addr_is_config_s_name_too(tmp_path, capsys):
     import yaml
 
-    argv = ["config", *ARGS, "--nodes", "2", "--main-addr", "node001", "--out", str(tmp_path / "a")]
-    assert main(argv) == 0
+    argv = ["config", *ARGS, "--nodes", "2", "--main-addr", "node001", "--main-port", "29600"]
+    assert main([*argv, "--out", str(tmp_path / "a")]) == 0
     cfg = yaml.safe_load((tmp_path / "a" / "accelerate.yaml").read_text())
     assert cfg["main_process_ip"] == "node001"
+    assert cfg["main_process_port"] == 29600
 
 
 def test_a_plan_that_fits_nowhere_writes_nothing_unless_forced(tmp_path, capsys):

@@ -2,7 +2,8 @@
 
 Flag names are the field names with dashes (``--gpus-per-node``), except ``--flavor`` (the
 ``flavour`` field); ``_FLAG_NAMES`` lists those and the aliases (``--nodes``, ``--flavour``,
-``--main-addr``). ``--answers FILE`` is extra. Values given on the command line override the file.
+``--main-addr``, ``--main-port``). ``--answers FILE`` is extra. Values given on the command line
+override the file.
 """
 
 from __future__ import annotations
@@ -63,11 +64,13 @@ _HELP = {
     "then are bf16 too)",
 }
 # Flags named otherwise than their field: the first name is the documented one; the others keep
-# older spellings working (--flavour) or match launch/doctor's name for one thing (--main-addr).
+# older spellings working (--flavour) or match launch/doctor's names for one thing (--main-addr,
+# --main-port).
 _FLAG_NAMES = {
     "num_nodes": ["--num-nodes", "--nodes"],
     "flavour": ["--flavor", "--flavour"],
     "main_process_ip": ["--main-process-ip", "--main-addr"],
+    "main_process_port": ["--main-process-port", "--main-port"],
 }
 
 
