@@ -42,6 +42,21 @@ def calibration_points() -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+@pytest.fixture(autouse=True)
+def fp32_kernels_where_bf16_is_emulated(request):
+    """tests/memory measures the bytes of real bf16 training steps on the CPU. Where the CPU has
+    no native bf16 (AVX2 only) each bf16 matmul is ~200x slower and one probe takes minutes: there
+    the heavy kernels run in fp32 and round to bf16 (memory_probe.fp32_kernels_for_emulated_bf16),
+    which leaves every counted byte as it is (tests/test_memory_probe.py checks that)."""
+    if request.node.path.parent != REPO / "tests" / "memory":
+        yield
+        return
+    from memory_probe import fp32_kernels_for_emulated_bf16
+
+    with fp32_kernels_for_emulated_bf16():
+        yield
+
+
 def find_free_port() -> int:
     """A TCP port free on 127.0.0.1 right now (bind to port 0 and read it back)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:

@@ -17,6 +17,7 @@ import importlib.util
 from pathlib import Path
 
 import pytest
+from memory_probe import fp32_kernels_for_emulated_bf16
 
 from zerofit.memory.estimate import TrainSetup, estimate_memory
 
@@ -78,9 +79,8 @@ def _tiny_model_dir(tmp_path: Path) -> Path:
     """A local directory with the probe's Qwen2 (fp32 weights) and a word-level tokenizer, what
     TRL's trainers load by path (``create_model_from_path``)."""
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
-
     from conftest import write_tiny_model_dir
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     model_dir = write_tiny_model_dir(tmp_path / "model", vocab_size=SHAPE["vocab_size"])
     torch.manual_seed(0)
@@ -94,7 +94,7 @@ def _measured_peak(trainer, *models) -> int:
     tracker = _storage_tracker()
     for model in models:
         tracker.track_existing(model.parameters())
-    with tracker:
+    with fp32_kernels_for_emulated_bf16(), tracker:
         trainer.train()
     return tracker.peak
 
@@ -175,7 +175,7 @@ def test_hf_trainer_on_padded_batches_matches_the_estimate(weights, checkpointin
     trainer = Trainer(model=model, args=args, train_dataset=examples, data_collator=_pad)
     tracker = _storage_tracker()
     tracker.track_existing(model.parameters())
-    with tracker:
+    with fp32_kernels_for_emulated_bf16(), tracker:
         trainer.train()
     measured = tracker.peak
 
@@ -287,7 +287,7 @@ def _torch_fallback_tiles(tokens: int, vocab: int, hidden: int) -> int:
     outputs = ("log_probs", "entropy", "is_top1")  # what SFTTrainer asks of the head
     tracker = _storage_tracker()
     tracker.track_existing([states, weight])
-    with tracker:
+    with fp32_kernels_for_emulated_bf16(), tracker:
         ChunkedLogProbFunction.apply(
             states, weight, None, targets, 1.0, TRL_VOCAB_CHUNK, None, 1.0, outputs
         )
