@@ -355,7 +355,7 @@ def first_line(error: Exception) -> str:
 
 
 # ----------------------------------------------------------------------------- accelerate setup
-def build_accelerator(args: RunArgs, project: str):
+def build_accelerator(args: RunArgs):
     """Accelerator with gloo on CPU (else each rank silently trains alone: STACK.md), and the
     DeepSpeed JSON reconciled with the flags: its integers win (stated), its "auto" values are
     filled from the flags. Returns (accelerator, zero_stage); zero_stage is -1 without DeepSpeed."""
@@ -440,7 +440,7 @@ def start_run(args: RunArgs, project: str, unit: str, noun: str, group: int = 1)
     """The accelerator and a step's batch arithmetic: each rank trains on micro-batch x
     accumulation items; a step takes that x processes / `group` data rows (GRPO: its items are
     completions, `group` = num_generations of them per prompt)."""
-    accelerator, zero_stage = build_accelerator(args, project)
+    accelerator, zero_stage = build_accelerator(args)
     per_rank = args.per_device_batch_size * args.gradient_accumulation_steps
     per_step = per_rank * accelerator.num_processes // group
     return Run(project, accelerator, zero_stage, per_rank, per_step, unit, noun)
