@@ -8,8 +8,8 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from conftest import calibration_points
+
 from zerofit.cli.main import main
 
 FULL = [
@@ -263,6 +263,23 @@ def test_bad_ds_config_is_one_line(capsys, tmp_path, content, field):
     assert main(["estimate", "--ds-config", str(path)]) == 2
     err = capsys.readouterr().err
     assert field in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    "name, flag, content",
+    [
+        ("ds.json", "--ds-config", "[" * 100_000),
+        ("accelerate.yaml", "--accelerate-config", "a: " + "[" * 100_000),
+    ],
+)
+def test_deeply_nested_config_files_are_one_line(capsys, tmp_path, name, flag, content):
+    # Nesting deep enough to exhaust Python's recursion limit in the parser was a RecursionError
+    # traceback for the YAML.
+    path = tmp_path / name
+    path.write_text(content)
+    assert main(["estimate", flag, str(path)]) == 2
+    err = capsys.readouterr().err
+    assert flag in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
 
 
 def test_new_stack_flags_reach_the_estimate(capsys):

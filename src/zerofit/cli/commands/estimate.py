@@ -48,22 +48,17 @@ def register(sub) -> None:
 
 def read_config_files(ds_path: str | None, accelerate_path: str | None, hidden_size: int) -> dict:
     """Estimate inputs from the user's accelerate YAML and/or DeepSpeed JSON (the JSON wins)."""
-    from zerofit.errors import ZerofitError
-    from zerofit.memory.ds_config import read_accelerate_config, read_ds_config
+    from zerofit.memory.ds_config import (
+        load_accelerate_yaml,
+        load_deepspeed_json,
+        read_accelerate_config,
+        read_ds_config,
+    )
 
     out: dict = {}
     if accelerate_path:
-        import yaml
-
         text = _read("--accelerate-config", accelerate_path)
-        try:
-            cfg = yaml.safe_load(text) or {}
-        except yaml.YAMLError as exc:
-            raise ZerofitError(
-                "--accelerate-config",
-                f"{accelerate_path} is not valid YAML " f"({str(exc).splitlines()[0]})",
-                "fix the YAML syntax",
-            ) from None
+        cfg = load_accelerate_yaml(text, "--accelerate-config", accelerate_path) or {}
         acc, json_path = read_accelerate_config(cfg)
         out.update(acc)
         if json_path and not ds_path:
@@ -74,15 +69,7 @@ def read_config_files(ds_path: str | None, accelerate_path: str | None, hidden_s
             )
     if ds_path:
         text = _read("--ds-config", ds_path)
-        try:
-            ds = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ZerofitError(
-                "--ds-config",
-                f"{ds_path} is not valid JSON ({exc.msg}, line {exc.lineno})",
-                "fix the JSON syntax",
-            ) from None
-        out.update(read_ds_config(ds, hidden_size))
+        out.update(read_ds_config(load_deepspeed_json(text, "--ds-config", ds_path), hidden_size))
     return out
 
 
