@@ -162,14 +162,18 @@ def read_config_file(path: str, args_class) -> dict:
     file beside it work from any working directory."""
     import yaml
 
+    if os.path.isdir(path):
+        fail("config", f"{path} is a directory", "pass the YAML file of --config")
     if not os.path.isfile(path):
         fail("config", f"no such file {path}", "check the path of --config")
     try:
-        with open(path) as f:
+        with open(path, encoding="utf-8") as f:
             values = yaml.safe_load(f)
-    except yaml.YAMLError as e:
+    except (yaml.YAMLError, UnicodeDecodeError) as e:
         first = str(e).splitlines()[0] if str(e) else type(e).__name__
         fail("config", f"{path} is not valid YAML ({first})", "fix the file")
+    except OSError as e:
+        fail("config", f"cannot read {path} ({e.strerror})", "check the file's permissions")
     if values is None:
         return {}
     if not isinstance(values, dict):
@@ -263,12 +267,8 @@ def check_at_least(args, minimum, *names: str) -> None:
     for name in names:
         value = getattr(args, name)
         if value < minimum:
-            word = "positive" if minimum == 1 else f"at least {minimum}"
-            fail(
-                name,
-                f"{value} is too small",
-                f"use a {word} {name}" if minimum != 0 else f"use 0 or more for {name}",
-            )
+            fix = f"use a positive {name}" if minimum == 1 else f"use {minimum} or more for {name}"
+            fail(name, f"{value} is too small", fix)
 
 
 def check_positive_float(args, *names: str) -> None:

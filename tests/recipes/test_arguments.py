@@ -35,6 +35,7 @@ BAD_FLAGS = [
         "grpo.py: gradient_accumulation_steps: 0 is too small",
     ),
     (["--max-completion-len", "0"], "grpo.py: max_completion_len: 0 is too small"),
+    (["--save-every", "-1"], "grpo.py: save_every: -1 is too small (fix: use 0 or more for save"),
     (["--temperature", "0"], "grpo.py: temperature: 0.0 cannot sample"),
     (["--learning-rate=-1e-3"], "grpo.py: learning_rate: -0.001 must be > 0"),
     (["--max-step", "3"], "grpo.py: arguments: unrecognized arguments: --max-step 3"),
@@ -126,6 +127,17 @@ def test_bad_yaml_values_are_one_line_errors(text, start, tmp_path, capsys):
     cfg = tmp_path / "r.yaml"
     cfg.write_text(text)
     assert one_line_error(capsys, lambda: grpo.parse_args(["--config", str(cfg)])).startswith(start)
+
+
+def test_unreadable_config_files_are_one_line_errors(tmp_path, capsys):
+    cfg = tmp_path / "r.yaml"
+    cfg.write_bytes(b"\xff\xfe max_steps: 3")  # not UTF-8
+    err = one_line_error(capsys, lambda: grpo.parse_args(["--config", str(cfg)]))
+    assert err.startswith(f"grpo.py: config: {cfg} is not valid YAML ('utf-8' codec")
+    err = one_line_error(capsys, lambda: grpo.parse_args(["--config", str(tmp_path)]))
+    assert err == (
+        f"grpo.py: config: {tmp_path} is a directory (fix: pass the YAML file of --config)"
+    )
 
 
 def test_yaml_integer_float_is_accepted(tmp_path):
