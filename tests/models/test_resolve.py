@@ -13,8 +13,8 @@ from unittest import mock
 
 import pytest
 
-from zerofit.models import resolve as models
 from zerofit.errors import ZerofitError
+from zerofit.models import resolve as models
 from zerofit.models.resolve import (
     BUILTIN_MODELS,
     builtin_config,
@@ -528,3 +528,33 @@ def test_trust_remote_code_families_read_from_config(tmp_path, config, params, i
     path.write_text(json.dumps({**config, "auto_map": {"AutoConfig": "configuration_x.XConfig"}}))
     spec = resolve_model(str(path))
     assert (spec.params, spec.intermediate_size) == (params, inter)
+
+
+def test_param_counts_read_as_people_write_them() -> None:
+    from zerofit.models.resolve import param_count_words
+
+    assert param_count_words(7_615_616_512) == "7.62B"
+    assert param_count_words(494_032_768) == "0.49B"
+    # a tiny test model used to print as '0.00B'
+    assert param_count_words(1_234_567) == "1.2M"
+    assert param_count_words(9_216) == "9,216"
+
+
+def test_a_tiny_model_s_plan_names_its_real_size(tmp_path) -> None:
+    from zerofit.planning.answers import Answers
+    from zerofit.planning.plan import plan
+
+    config = {
+        "model_type": "llama",
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 4,
+        "vocab_size": 256,
+    }
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    decisions = plan(Answers(model=str(path), gpu="H100", seq_len=128)).decisions
+    stage = next(decision for decision in decisions if decision.field == "stage")
+    assert "0.00B" not in stage.reason and "(0.1M) on 1 x H100-SXM" in stage.reason

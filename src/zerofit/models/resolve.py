@@ -43,6 +43,19 @@ class ModelSpec:
     config_json: str = field(default="", compare=False, repr=False)
 
 
+def param_count_words(count: int) -> str:
+    """A parameter count as people write it: '7.62B', '12.3M', '9,216'.
+
+    Billions keep two decimals (the precision model cards use); below 0.1B that would print a tiny
+    model as '0.00B', so millions, and below 100k the plain count.
+    """
+    if count >= 100_000_000:
+        return f"{count / 1e9:.2f}B"
+    if count >= 100_000:
+        return f"{count / 1e6:.1f}M"
+    return f"{count:,}"
+
+
 # transformers' defaults for fields a hand-written config.json may leave out (transformers 5.x config
 # classes); a key present with null means "same as num_attention_heads", as those classes do.
 _DEFAULTS: dict[str, dict] = {

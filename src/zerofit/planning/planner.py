@@ -205,13 +205,8 @@ class Candidate:
 
 
 def pick_precision(answers: Answers, gpu) -> tuple[str, str]:
-    """bf16 where the GPU has it, else fp16, unless the user chose."""
-    if answers.precision == "bf16" and not gpu.bf16:
-        raise ZerofitError(
-            "precision",
-            f"bf16 is not supported by {gpu.name}",
-            "use --precision fp16 (loss scaling) or fp32, " "or a GPU with bf16 (A100 or newer)",
-        )
+    """bf16 where the GPU has it, else fp16, unless the user chose (``Answers`` refuses bf16 on a
+    GPU without it, planning/answers.py:check_hardware)."""
     if answers.precision:
         return answers.precision, f"{answers.precision}: set by you"
     if gpu.bf16:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from zerofit.hardware import CATALOG
+from zerofit.models.resolve import param_count_words
 from zerofit.planning.decision import Decision
 from zerofit.planning.options import TrainingOption
 from zerofit.planning.planner import Candidate, PlanInputs, best_of, fastest_fit
@@ -58,11 +59,11 @@ def decide(chosen: Candidate, pool: list[Candidate], inputs: PlanInputs) -> list
 
 def _model_needs(chosen: Candidate, inputs: PlanInputs) -> str:
     """'Qwen2.5-7B (7.62B) on 8 x H100-SXM needs 30.1 GiB per GPU (...) of 79.1 GiB'."""
-    model = inputs.model
+    model, size = inputs.model, param_count_words(inputs.model.params)
     # need = allocated peak + allocator, NCCL, CUDA context (+ vLLM) + safety margin: what the
     # GPU has to hold, the number compared with the budget (the tables also show the peak).
     return (
-        f"{model.name} ({model.params / 1e9:.2f}B) on {inputs.world_size} x {inputs.gpu.key} "
+        f"{model.name} ({size}) on {inputs.world_size} x {inputs.gpu.key} "
         f"needs {gib(chosen.need_gib)} per GPU (peak, allocator, NCCL, CUDA context and "
         f"margin) of {gib(inputs.budget_gib)}"
     )
