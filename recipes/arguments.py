@@ -185,7 +185,8 @@ def read_config_file(path: str, args_class) -> dict:
     types = field_types(args_class)
     unknown = set(values) - set(types)
     if unknown:
-        fail("config", f"unknown keys {sorted(unknown)} in {path}", "use the names in `--help`")
+        listed = sorted(unknown, key=str)  # YAML keys may be numbers too
+        fail("config", f"unknown keys {listed} in {path}", "use the names in `--help`")
     converted = {
         name: convert_value(name, value, types[name], path) for name, value in values.items()
     }

@@ -118,6 +118,7 @@ YAML_VALUES = [
     ("reward_weights: [1, 0.2]\n", "grpo.py: reward_weights: "),
     ("scale_rewards: maybe\n", "grpo.py: scale_rewards: 'maybe' from "),
     ("- max_steps\n", "grpo.py: config: "),
+    ("1: 2\nmax_stepz: 3\n", "grpo.py: config: unknown keys [1, 'max_stepz'] in "),
     ("max_steps: [\n", "grpo.py: config: "),
 ]
 
