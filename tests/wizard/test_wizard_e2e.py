@@ -1,9 +1,11 @@
-"""End to end: the real `zerofit wizard` process in a pseudo-terminal, every question answered by keys.
+"""End to end: the real `zerofit wizard` process in a pseudo-terminal, every question answered by
+keys.
 
-Run: .venv/bin/python -m pytest tests/wizard/test_wizard_e2e.py -q        (~15 s, most of it importing
-accelerate and deepspeed to load the written files)
+Run: .venv/bin/python -m pytest tests/wizard/test_wizard_e2e.py -q
+(~15 s, most of it importing accelerate and deepspeed to load the written files)
 Regenerate the README transcript (needs `pip install pyte`, a terminal emulator):
-  ZEROFIT_TRANSCRIPT=docs/wizard_transcript.txt .venv/bin/python -m pytest tests/wizard/test_wizard_e2e.py -q
+  ZEROFIT_TRANSCRIPT=docs/wizard_transcript.txt \
+    .venv/bin/python -m pytest tests/wizard/test_wizard_e2e.py -q
 """
 
 from __future__ import annotations
@@ -61,6 +63,10 @@ def test_wizard_in_a_pty_writes_files_that_accelerate_and_deepspeed_load(
     answer(child, "Main node address", CLEAR + "127.0.0.1\r")
     answer(child, "Main node port", CLEAR + f"{free_port}\r")
     answer(child, "Launch with", "\r")  # accelerate
+    # two nodes: offload is budgeted with their RAM, not this machine's
+    answer(child, "Host RAM per training node", "1024\r")
+    answer(child, "Workload", DOWN * 3 + "\r")  # "← back", the last choice ...
+    answer(child, "Host RAM per training node", "\r")  # ... shows 1024 again: keep it
     answer(child, "Workload", DOWN * 2 + "\r")  # grpo
     answer(child, "completions per prompt", CLEAR + "4\r")
     answer(child, "generated tokens per completion", CLEAR + "128\r")
@@ -72,15 +78,17 @@ def test_wizard_in_a_pty_writes_files_that_accelerate_and_deepspeed_load(
     answer(child, "Accept this plan?", DOWN + "\r")  # change the ZeRO stage ...
     answer(child, "New ZeRO stage", DOWN * 4 + "\r")  # ... to 3
     child.expect_exact("(was ")  # re-estimated at once
+    answer(child, "Accept this plan?", DOWN * 6 + "\r")  # change an answer ...
+    answer(child, "Which answer?", DOWN * 11 + "\r")  # ... the sequence length
+    answer(child, "Sequence length", CLEAR + "1024\r")
+    child.expect_exact("seq 1024")  # replanned with it
     answer(child, "Accept this plan?", "\r")
     child.expect(pexpect.EOF)
     child.close()
     _save_transcript(log.getvalue())
     assert child.exitstatus == 0, log.getvalue()[-2000:]
-    assert (
-        "node 1: accelerate launch --config_file out/accelerate.yaml --machine_rank 1 your_script.py"
-        in log.getvalue()
-    )
+    node_1 = "node 1: accelerate launch --config_file out/accelerate.yaml --machine_rank 1"
+    assert node_1 + " your_script.py" in log.getvalue()
 
     files = {
         name: (out / name).read_text()
@@ -100,7 +108,11 @@ def test_wizard_in_a_pty_writes_files_that_accelerate_and_deepspeed_load(
 
     ds = json.loads(files["ds_config.json"])
     assert DeepSpeedZeroConfig(**ds["zero_optimization"]).stage == 3
-    assert ds["train_batch_size"] == 16 and ds["bf16"]["enabled"] is True
+    # "auto" where the HF Trainer fills it from its arguments (answers.yaml's flavor)
+    batch = "auto" if "flavor: auto\n" in files["answers.yaml"] else 16
+    assert ds["train_batch_size"] == batch and ds["bf16"]["enabled"] in (True, "auto")
+    assert "host_ram_gib: 1024.0\n" in files["answers.yaml"]
+    assert "seq_len: 1024\n" in files["answers.yaml"]
 
     # The flag path reproduces the wizard's files byte for byte from its answers.yaml.
     saved = tmp_path / "answers.yaml"

@@ -96,7 +96,10 @@ def still_valid(q: Question, answers: dict) -> bool:
 
 
 def to_text(value: Any) -> str:
-    """How a typed default is shown in a text prompt (None -> empty, i.e. "planner decides")."""
+    """How a typed default is shown in a text prompt (None -> empty, i.e. "planner decides";
+    1024.0 GiB -> "1024")."""
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
     return "" if value is None else str(value)
 
 
