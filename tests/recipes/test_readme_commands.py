@@ -18,8 +18,9 @@ What is added to recipe commands, and why (everything else is the document's tex
   `--model Qwen/...` resolves exactly as it would from a user's cache.
 - Time: `--max-steps 1 --save-every 1 --output-dir <fresh dir>` is appended to each training
   command (GRPO also `--max-completion-len 8`); a `--resume-from latest` line reuses the previous
-  run's directory with `--max-steps 2`. `accelerate launch` gets `--num_processes 2` (the presets
-  say 8 GPUs; this machine has 2 cores) and a free `--main_process_port`.
+  run's directory with `--max-steps 2`. `accelerate launch` gets `--num_processes 2` in place of
+  the document's count (the examples say 8 GPUs; this machine has 2 cores) and a free
+  `--main_process_port`.
 - Multi-node lines (`--machine_rank`) need other machines: their accelerate arguments are parsed
   by accelerate's own launch parser and their recipe arguments by the recipe, not run.
 
@@ -176,8 +177,22 @@ def training_command(command: list[str], recipe: str, out: Path, resume: bool) -
     elif cmd[:2] == ["accelerate", "launch"]:
         port = str(free_port())
         cmd = [str(BIN / "accelerate"), "launch", "--num_processes", "2"]
-        cmd += ["--main_process_port", port, *command[2:]]
+        cmd += ["--main_process_port", port, *without_process_count(command[2:])]
     return cmd + fast_flags(recipe, out, resume)
+
+
+def without_process_count(arguments: list[str]) -> list[str]:
+    """``accelerate launch`` arguments less the document's ``--num_processes N`` (the last one
+    given wins, so the document's 8 would override this machine's 2)."""
+    kept, skip = [], False
+    for argument in arguments:
+        if skip:
+            skip = False
+        elif argument == "--num_processes":
+            skip = True
+        elif not argument.startswith("--num_processes="):
+            kept.append(argument)
+    return kept
 
 
 @pytest.mark.distributed
