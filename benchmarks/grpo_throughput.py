@@ -1,14 +1,15 @@
-"""Completion tokens/s of one GRPO optimizer step: recipes/grpo.py vs trl's GRPOTrainer, same shape.
+"""Completion tokens/s of one GRPO optimizer step: recipes/grpo.py vs trl's GRPOTrainer.
 
-Both run through `accelerate launch` on the same random-init model, data, batch and generation length,
-in one invocation, and the result is printed as JSON (and written to --out).
+Both run at the same shape through `accelerate launch` on the same random-init model, data, batch
+and generation length, in one invocation, and the result is printed as JSON (and written to --out).
 
     .venv/bin/python benchmarks/grpo_throughput.py                 # CPU: tiny model, plain
     python benchmarks/grpo_throughput.py --modes plain zero2 zero3 # GPU: Qwen2.5-0.5B shape, bf16
 
-GPU setting (the issue's anchor): Qwen2.5-0.5B-shaped random init, 8 prompts x 8 generations x 256
-completion tokens, prompt 64 tokens, micro-batch 16 x accumulation 4, beta 0. Tokens/s counts the
-completion tokens actually generated (EOS may end a sequence early), over the timed steps after warm-up.
+GPU setting (the reference shape): Qwen2.5-0.5B-shaped random init, 8 prompts x 8 generations x
+256 completion tokens, prompt 64 tokens, micro-batch 16 x accumulation 4, beta 0. Tokens/s counts
+the completion tokens actually generated (EOS may end a sequence early), over the timed steps after
+warm-up.
 """
 
 from __future__ import annotations
@@ -104,7 +105,7 @@ def run_trl(mode: str, work: Path, cfg: dict, gpu: bool, warmup: int, steps: int
 
 
 def trl_worker(args) -> None:
-    """Runs inside `accelerate launch`: trl's GRPOTrainer on the same inputs, timed per optimizer step."""
+    """Runs inside `accelerate launch`: trl's GRPOTrainer on the same inputs, timed per step."""
     import torch
     from datasets import Dataset
     from transformers import AutoTokenizer
@@ -209,7 +210,8 @@ def main() -> int:
                 entry["speedup"] = round(ours["tok_s"] / trl["tok_s"], 2)
             result["results"][mode] = entry
             print(
-                f"{mode}: ours {ours.get('tok_s', 'n/a')} tok/s, trl {trl.get('tok_s', 'n/a')} tok/s",
+                f"{mode}: ours {ours.get('tok_s', 'n/a')} tok/s, "
+                f"trl {trl.get('tok_s', 'n/a')} tok/s",
                 file=sys.stderr,
             )
     text = json.dumps(result, indent=2)

@@ -48,7 +48,8 @@ CATALOG: dict[str, GpuSpec] = {
         GpuSpec("V100-16GB", "NVIDIA V100 16GB", 15.77, False, False, "nvlink", 125),
         GpuSpec("T4", "NVIDIA T4 16GB", 14.6, False, False, "pcie", 65),
         # Added later, kept after the first entries so menus keep their order. China-market
-        # Hopper/Ampere parts (vendor datasheets: H800/A800 80 GB, H20 96 GB HBM3), 48 GB GDDR6 cards.
+        # Hopper/Ampere parts (vendor datasheets: H800/A800 80 GB, H20 96 GB HBM3), 48 GB GDDR6
+        # cards.
         GpuSpec("H800", "NVIDIA H800 80GB", 79.11, True, True, "nvlink", 989),
         GpuSpec("H20", "NVIDIA H20 96GB", 95.6, True, True, "nvlink", 148),
         GpuSpec("A800", "NVIDIA A800 80GB", 79.15, True, False, "nvlink", 312),

@@ -9,11 +9,11 @@ estimated with a Llama-shaped layer: the model's real forward runs on fake tenso
 
 One decoder layer is the mean difference between the model at its real depth and a 1-layer model
 of the user's config (embedding, final norm and the LM head cancel; layers that differ, like
-DeepSeek-V3's first dense ones or Qwen3-Next's linear-attention ones, are averaged). Its bytes at sequence length ``s`` are
-``C + L*s + Q*s*s``: ``C`` is constant (autocast's bf16 copies of the layer's weights, counted by
-``states.autocast_weight_bytes``), ``L`` is per token, ``Q`` is the attention scores that eager
-attention keeps. Three lengths solve for the three. Nothing here runs at import; torch and
-transformers are imported by ``trace_decoder_layer`` only.
+DeepSeek-V3's first dense ones or Qwen3-Next's linear-attention ones, are averaged). Its bytes at
+sequence length ``s`` are ``C + L*s + Q*s*s``: ``C`` is constant (autocast's bf16 copies of the
+layer's weights, counted by ``states.autocast_weight_bytes``), ``L`` is per token, ``Q`` is the
+attention scores that eager attention keeps. Three lengths solve for the three. Nothing here runs
+at import; torch and transformers are imported by ``trace_decoder_layer`` only.
 """
 
 from __future__ import annotations
