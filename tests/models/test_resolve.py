@@ -1,6 +1,7 @@
 """Tests for zerofit.models: built-in shapes, exact parameter counts, resolution and errors.
 
-Run: .venv/bin/python -m pytest tests/models/test_resolve.py -q   (no network: the hub download is faked)
+Run: .venv/bin/python -m pytest tests/models/test_resolve.py -q
+(no network: the hub download is faked)
 """
 
 from __future__ import annotations
@@ -169,7 +170,8 @@ def test_analytic_equals_meta_on_tiny_configs(key):
 
 
 def test_moe_active_counts_the_right_experts():
-    # qwen3_moe tiny: layers 1 (index 1, (1+1)%2==0) is sparse; 0, 2 by step and 3 by mlp_only are dense.
+    # qwen3_moe tiny: layers 1 (index 1, (1+1)%2==0) is sparse; 0, 2 by step and 3 by mlp_only
+    # are dense.
     record = count_params_analytic(TINY["qwen3_moe"])
     assert record["params"] - record["active_params"] == 1 * (6 - 2) * 3 * 64 * 24
 
@@ -190,7 +192,7 @@ def test_resolve_builtins_and_their_hub_ids_offline(monkeypatch):
 
 
 def test_resolve_local_dir_and_config_path(tiny_model_dir):
-    """A directory written by transformers' save_pretrained, and its config.json, give the real count."""
+    """A save_pretrained directory and its config.json both give transformers' real count."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 

@@ -1,9 +1,10 @@
 """Model shapes and exact parameter counts: built-in names, config.json files, model dirs, hub ids.
 
 Known families (llama, mistral, qwen2, qwen3, mixtral, qwen3_moe) are counted with a closed formula
-that mirrors the transformers modules parameter for parameter; any other architecture is instantiated
-on the meta device (no weights, no memory) and its unique parameters summed, cached on disk because
-importing transformers costs seconds. Nothing here imports torch/transformers/huggingface_hub at import.
+that mirrors the transformers modules parameter for parameter; any other architecture is
+instantiated on the meta device (no weights, no memory) and its unique parameters summed, cached on
+disk because importing transformers costs seconds. Nothing here imports torch, transformers or
+huggingface_hub at import.
 """
 
 from __future__ import annotations
@@ -56,8 +57,8 @@ def param_count_words(count: int) -> str:
     return f"{count:,}"
 
 
-# transformers' defaults for fields a hand-written config.json may leave out (transformers 5.x config
-# classes); a key present with null means "same as num_attention_heads", as those classes do.
+# transformers' defaults (its 5.x config classes) for fields a hand-written config.json may leave
+# out; a key present with null means "same as num_attention_heads", as those classes do.
 _DEFAULTS: dict[str, dict] = {
     "llama": {"num_key_value_heads": None},
     "mistral": {"num_key_value_heads": 8},
@@ -83,7 +84,7 @@ _CACHE_VERSION = "1"
 
 
 def count_params_analytic(config: dict, where: str = "config.json") -> dict | None:
-    """Shape fields + exact ``params``/``active_params`` for a known family, or None for other types.
+    """Shape fields + exact ``params``/``active_params`` for a known family, else None.
 
     Per layer: q/k/v/o projections (qwen2: q/k/v biases; llama/qwen3: all four when attention_bias),
     qwen3 q_norm/k_norm over head_dim, two RMSNorms, then a SwiGLU MLP (llama: biases when mlp_bias)
@@ -258,14 +259,18 @@ def _meta_failure(config: dict, where: str, err: Exception, version: str) -> Zer
 
 
 def cache_path() -> Path:
-    """Where meta-device counts are cached: ``$XDG_CACHE_HOME/zerofit/params.json`` (~/.cache default)."""
+    """Where meta-device counts are cached: ``$XDG_CACHE_HOME/zerofit/params.json``.
+
+    ``$XDG_CACHE_HOME`` defaults to ``~/.cache``.
+    """
     return cache_file("params.json")
 
 
 def _cache_key(config: dict) -> str:
     from importlib.metadata import version
 
-    # Bookkeeping keys differ between copies of the same model; the transformers version can change modules.
+    # Bookkeeping keys differ between copies of the same model; the transformers version can change
+    # modules.
     kept = {
         k: v for k, v in config.items() if not k.startswith("_") and k != "transformers_version"
     }
@@ -286,6 +291,20 @@ def _cache_key(config: dict) -> str:
 _REMOTE_CODE_FAMILIES = ("qwen", "baichuan", "chatglm")
 
 
+@dataclass(frozen=True)
+class _DenseShape:
+    """The shape fields of a dense (no MoE) decoder read from a trust_remote_code config.json."""
+
+    hidden: int
+    intermediate: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+    tie: bool
+
+
 def _chatglm_shape(config: dict, where: str) -> dict:
     """Shape fields + exact counts of a ChatGLM2/3 / GLM-4 config.json."""
     h, ffn = _positive(config, "hidden_size", where), _positive(config, "ffn_hidden_size", where)
@@ -301,31 +320,22 @@ def _chatglm_shape(config: dict, where: str) -> dict:
     qkv_bias = (q + 2 * kv) if config.get("add_qkv_bias", config.get("add_bias_linear")) else 0
     layer = h * (q + 2 * kv) + qkv_bias + q * h + h * 2 * ffn + ffn * h + 2 * h
     total = layers * layer + 2 * vocab * h + h
-    return _dense_record("chatglm", h, ffn, layers, (heads, groups, hd), vocab, False, total)
+    shape = _DenseShape(h, ffn, layers, heads, groups, hd, vocab, tie=False)
+    return _dense_record("chatglm", shape, total)
 
 
-def _dense_record(
-    family: str,
-    hidden: int,
-    intermediate: int,
-    layers: int,
-    attention: tuple[int, int, int],
-    vocab: int,
-    tie: bool,
-    params: int,
-) -> dict:
-    """The count record of a dense (no MoE) model; ``attention``: (heads, kv heads, head dim)."""
-    heads, kv_heads, head_dim = attention
+def _dense_record(family: str, shape: _DenseShape, params: int) -> dict:
+    """The count record of a dense (no MoE) model of ``shape`` with ``params`` parameters."""
     return dict(
         architecture=family,
-        hidden_size=hidden,
-        intermediate_size=intermediate,
-        num_layers=layers,
-        num_heads=heads,
-        num_kv_heads=kv_heads,
-        head_dim=head_dim,
-        vocab_size=vocab,
-        tie_embeddings=tie,
+        hidden_size=shape.hidden,
+        intermediate_size=shape.intermediate,
+        num_layers=shape.layers,
+        num_heads=shape.heads,
+        num_kv_heads=shape.kv_heads,
+        head_dim=shape.head_dim,
+        vocab_size=shape.vocab,
+        tie_embeddings=shape.tie,
         params=params,
         active_params=params,
         num_experts=0,
@@ -352,7 +362,7 @@ def count_params_remote_code(config: dict, where: str = "config.json") -> dict |
         hd, proj, mlp = h // heads, h, inter
         attn, dense = 4 * h * h, 3 * h * inter
     total = layers * (attn + dense + 2 * h) + vocab * h * (1 if tie else 2) + h
-    return _dense_record(family, h, mlp, layers, (heads, heads, hd), vocab, tie, total)
+    return _dense_record(family, _DenseShape(h, mlp, layers, heads, heads, hd, vocab, tie), total)
 
 
 def count_params(config: dict, where: str = "config.json") -> dict:
@@ -526,7 +536,8 @@ def _hub_failure(repo_id: str, err: Exception, errors) -> tuple[str, str]:
     if isinstance(err, errors.GatedRepoError):
         return (
             f"{repo_id} is gated on the Hugging Face Hub",
-            "accept its licence on the model page and run `hf auth login`, or pass a local config.json",
+            "accept its licence on the model page and run `hf auth login`, "
+            "or pass a local config.json",
         )
     if isinstance(err, errors.RepositoryNotFoundError):
         return f"{repo_id!r} is not a built-in model, a local path or a model on the Hub", _suggest(
