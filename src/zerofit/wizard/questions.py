@@ -290,7 +290,7 @@ def is_this_machine(address: str) -> bool:
     if address in ("localhost", "::1", "0.0.0.0") or address.startswith("127."):
         return True
     hostname = socket.gethostname().lower()
-    if address in (hostname, hostname.split(".")[0], socket.getfqdn().lower()):
+    if address in (hostname, hostname.split(".")[0]):  # no getfqdn: reverse DNS can stall
         return True
     try:
         _, aliases, addresses = socket.gethostbyname_ex(hostname)
