@@ -411,6 +411,7 @@ def render_plan(plan, before=None) -> list:
     from rich.table import Table
     from rich.text import Text
 
+    from zerofit.models.resolve import param_count_words
     from zerofit.planning.verdicts import plan_warning
 
     answers, gpu = plan.answers, plan.gpu
@@ -418,7 +419,7 @@ def render_plan(plan, before=None) -> list:
     nodes = f"{answers.num_nodes} node{'s' if answers.num_nodes > 1 else ''}"
     head = Text.assemble(
         (f"{plan.model_name}", "bold"),
-        f" ({plan.params / 1e9:.2f} B params) on {answers.gpus_per_node} x {gpu.key} "
+        f" ({param_count_words(plan.params)} params) on {answers.gpus_per_node} x {gpu.key} "
         f"({gpu.memory_gib:g} GiB) x {nodes}, {plan.precision}, {answers.workload}, "
         f"seq {answers.seq_len}\n",
         f"peak {plan.peak_gib:.1f} GiB per GPU of {gpu.memory_gib:g} GiB "
