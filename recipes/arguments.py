@@ -221,6 +221,9 @@ def build_parser(args_class, program: str, description: str):
             """HfArgumentParser calls this once per field (hf_argparser.py,
             `_parse_dataclass_field`): the field's type becomes our reader, whose errors name
             the field (argparse would say `invalid int value`)."""
+            if kwargs.get("action") == "store_false":  # the --no_X of a default-true boolean
+                kwargs["help"] = f"the same as --{kwargs['dest']} false"
+                kwargs["default"] = argparse.SUPPRESS  # --X's default is the one that counts
             type_name = readers.get(kwargs.get("type"))
             if type_name:
                 name = flags[0].lstrip("-")

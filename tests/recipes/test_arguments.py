@@ -87,7 +87,7 @@ def test_help_shows_each_fields_help_and_default(capsys):
     assert "--max_steps INT, --max-steps INT optimizer steps to train (default: 150)" in shown
     assert "--beta FLOAT KL weight to the frozen reference; 0: no reference model loaded" in shown
     assert "--config YAML YAML file of `field: value` lines" in shown
-    assert "--no_scale_rewards, --no-scale-rewards" in shown
+    assert "--no_scale_rewards, --no-scale-rewards the same as --scale_rewards false" in shown
 
 
 def test_help_needs_no_torch():
