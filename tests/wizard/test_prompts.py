@@ -12,6 +12,7 @@ import io
 import re
 from pathlib import Path
 
+import pytest
 from conftest import build_plan
 from prompt_toolkit.input import create_pipe_input
 from prompt_toolkit.output import DummyOutput
@@ -288,6 +289,15 @@ def test_existing_out_fails_before_any_question(tmp_path, capsys):
     (tmp_path / "ds_config.json").write_text("{}")
     assert main(["wizard", "--defaults", "--out", str(tmp_path)]) == 2
     assert "already exist" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("out", ["", "cfg\nrm -rf x"])
+def test_an_empty_or_multiline_out_fails_before_any_question(tmp_path, capsys, monkeypatch, out):
+    # the directory's path is written into accelerate.yaml, where a newline ends the line early
+    monkeypatch.chdir(tmp_path)
+    assert main(["wizard", "--defaults", "--out", out]) == 2
+    assert "--out" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_detection_fills_only_what_the_user_did_not_give(tmp_path):

@@ -109,7 +109,9 @@ def run(args) -> int:
             "needs a terminal to ask its questions",
             "pass --defaults to accept every default, or --answers FILE to use an answers.yaml",
         )
-    out = Path(args.out)
+    from zerofit.cli.commands.config import check_out_dir
+
+    out = check_out_dir(args.out)
     _check_out(out, args.force)
     base = answers_from_args(args)
     from zerofit import hardware
