@@ -1,4 +1,5 @@
-"""The import rule of docs/ARCHITECTURE.md, checked on the source: imports only go down the pipeline.
+"""The import rule of docs/ARCHITECTURE.md, checked on the source: imports only go down the
+pipeline.
 
 Static (ast over src/zerofit, lazy imports inside functions included), so it costs no imports.
 """

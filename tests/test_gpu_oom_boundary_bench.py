@@ -12,9 +12,9 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import calibration_points, find_free_port
 from memory_shapes import TINY_DECODER
+
 from zerofit.hardware import lookup
 from zerofit.memory import overheads as oh
 from zerofit.memory.optimizers import HF_TRAINER_DEFAULT_OPTIM
@@ -80,7 +80,7 @@ def test_judge_and_summary_count_what_the_runs_report():
         {"outcome": "ran"},  # the capped run zerofit said fits: right
         {"outcome": "ran"},  # the capped run zerofit said cannot fit ran after all: wrong
     ]
-    lines = [BENCH.judge(run, result) for run, result in zip(runs, results)]
+    lines = [BENCH.judge(run, result) for run, result in zip(runs, results, strict=True)]
     assert lines[0]["peak_error"] == pytest.approx(0.01, abs=1e-4)
     assert lines[1]["verdict_right"] and not lines[2]["verdict_right"]
     extra = BENCH.judge(runs[2], {"outcome": "oom", "phase": "forward"})
