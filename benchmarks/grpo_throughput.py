@@ -22,6 +22,7 @@ import tempfile
 from pathlib import Path
 
 from launch_setup import (
+    Launch,
     gloo_if_cpu_ddp,
     run_recipe,
     run_trl_worker,
@@ -71,7 +72,8 @@ def write_inputs(work: Path, cfg: dict, gpu: bool) -> None:
     write_zero_configs(work, cfg, gpu)
 
 
-def run_ours(mode: str, work: Path, cfg: dict, gpu: bool, warmup: int, steps: int) -> dict:
+def run_ours(launch: Launch, warmup: int, steps: int) -> dict:
+    cfg = launch.cfg
     flags = [
         "--num-generations",
         str(cfg["gens"]),
@@ -84,7 +86,7 @@ def run_ours(mode: str, work: Path, cfg: dict, gpu: bool, warmup: int, steps: in
         "--reward-weights",
         "1",
     ]
-    rows = run_recipe("grpo", mode, work, cfg, gpu, warmup + steps, flags, work / f"ours-{mode}")
+    rows = run_recipe("grpo", launch, warmup + steps, flags, launch.work / f"ours-{launch.mode}")
     if isinstance(rows, dict):
         return rows
     timed = rows[warmup:]
@@ -96,12 +98,13 @@ def run_ours(mode: str, work: Path, cfg: dict, gpu: bool, warmup: int, steps: in
     }
 
 
-def run_trl(mode: str, work: Path, cfg: dict, gpu: bool, warmup: int, steps: int) -> dict:
+def run_trl(launch: Launch, warmup: int, steps: int) -> dict:
     if importlib.util.find_spec("trl") is None:
         return {"skipped": "trl is not installed"}
+    mode, work = launch.mode, launch.work
     out = work / f"trl-{mode}"
-    cmd = trl_worker_command(__file__, mode, work, gpu, warmup, steps, out) + ["--mode", mode]
-    return run_trl_worker(cmd, cfg, out)
+    cmd = trl_worker_command(__file__, mode, work, launch.gpu, warmup, steps, out)
+    return run_trl_worker(cmd + ["--mode", mode], launch.cfg, out)
 
 
 def trl_worker(args) -> None:
@@ -199,11 +202,12 @@ def main() -> int:
         work = Path(tmp)
         write_inputs(work, cfg, gpu)
         for mode in modes:
-            ours = run_ours(mode, work, cfg, gpu, args.warmup, args.steps)
+            launch = Launch(mode, work, cfg, gpu)
+            ours = run_ours(launch, args.warmup, args.steps)
             trl = (
                 {"skipped": "--no-trl"}
                 if args.no_trl
-                else run_trl(mode, work, cfg, gpu, args.warmup, args.steps)
+                else run_trl(launch, args.warmup, args.steps)
             )
             entry = {"ours": ours, "trl": trl}
             if "tok_s" in ours and "tok_s" in trl:

@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -132,19 +133,24 @@ def step_timer(times: list[float]):
     return StepTimer()
 
 
+@dataclass(frozen=True)
+class Launch:
+    """One benchmark side's launch: the ZeRO ``mode`` (plain, zero2, zero3), the ``work`` folder
+    holding the model, rows and configs, the setting ``cfg`` (batch, lengths) and GPU or CPU."""
+
+    mode: str
+    work: Path
+    cfg: dict
+    gpu: bool
+
+
 def run_recipe(
-    recipe: str,
-    mode: str,
-    work: Path,
-    cfg: dict,
-    gpu: bool,
-    max_steps: int,
-    flags: list[str],
-    out: Path,
+    recipe: str, launch: Launch, max_steps: int, flags: list[str], out: Path
 ) -> list[dict] | dict:
     """``accelerate launch recipes/<recipe>.py`` on the benchmark's rows with the setting's batch
     and accumulation plus the recipe's own ``flags``, writing to ``out``. Returns its metrics rows
     (one per optimizer step), or ``{"error": ...}`` when the run failed."""
+    work, cfg = launch.work, launch.cfg
     dataset = work / ("data.jsonl" if recipe == "grpo" else f"{recipe}.jsonl")
     common_flags = [
         "--model",
@@ -164,7 +170,8 @@ def run_recipe(
         "--learning-rate",
         "1e-6",
     ]
-    cmd = launch_prefix(mode, work, gpu) + [str(RECIPES / f"{recipe}.py"), *common_flags, *flags]
+    script = str(RECIPES / f"{recipe}.py")
+    cmd = launch_prefix(launch.mode, work, launch.gpu) + [script, *common_flags, *flags]
     res = subprocess.run(cmd, capture_output=True, text=True)
     if res.returncode != 0:
         return {"error": (res.stdout + res.stderr)[-1500:]}

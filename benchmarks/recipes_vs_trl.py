@@ -28,6 +28,7 @@ from pathlib import Path
 
 from launch_setup import (
     REPO,
+    Launch,
     gloo_if_cpu_ddp,
     run_recipe,
     run_trl_worker,
@@ -89,9 +90,8 @@ def tokens_per_step(recipe: str, cfg: dict) -> int:
     return sequences * (cfg["prompt"] + cfg["completion"])
 
 
-def run_ours(
-    recipe: str, mode: str, work: Path, cfg: dict, gpu: bool, warmup: int, steps: int, attempt: int
-) -> dict:
+def run_ours(recipe: str, launch: Launch, warmup: int, steps: int, attempt: int) -> dict:
+    cfg = launch.cfg
     if recipe == "sft":
         flags = ["--max-seq-len", str(cfg["prompt"] + cfg["completion"])]
     else:
@@ -101,8 +101,8 @@ def run_ours(
             "--max-completion-len",
             str(cfg["completion"]),
         ]
-    out = work / f"ours-{recipe}-{mode}-{attempt}"
-    rows = run_recipe(recipe, mode, work, cfg, gpu, warmup + steps, flags, out)
+    out = launch.work / f"ours-{recipe}-{launch.mode}-{attempt}"
+    rows = run_recipe(recipe, launch, warmup + steps, flags, out)
     if isinstance(rows, dict):
         return rows
     timed = rows[warmup:]
@@ -112,14 +112,13 @@ def run_ours(
     return {"tok_s": expected / step_s, "step_s": step_s}
 
 
-def run_trl(
-    recipe: str, mode: str, work: Path, cfg: dict, gpu: bool, warmup: int, steps: int, attempt: int
-) -> dict:
+def run_trl(recipe: str, launch: Launch, warmup: int, steps: int, attempt: int) -> dict:
     if importlib.util.find_spec("trl") is None:
         return {"skipped": "trl is not installed"}
+    mode, work = launch.mode, launch.work
     out = work / f"trl-{recipe}-{mode}-{attempt}.json"
-    command = trl_worker_command(__file__, mode, work, gpu, warmup, steps, out)
-    return run_trl_worker(command + ["--recipe", recipe], cfg, out)
+    command = trl_worker_command(__file__, mode, work, launch.gpu, warmup, steps, out)
+    return run_trl_worker(command + ["--recipe", recipe], launch.cfg, out)
 
 
 def trl_worker(args) -> None:
@@ -250,15 +249,12 @@ def main() -> int:
         write_inputs(work, cfg, gpu)
         for recipe in [r for r in args.recipes if r != "grpo"]:
             for mode in modes:
+                launch = Launch(mode, work, cfg, gpu)
                 ours_runs, trl_runs = [], []
                 for attempt in range(args.repeats):  # alternated: a busy neighbour hits both
-                    ours_runs.append(
-                        run_ours(recipe, mode, work, cfg, gpu, args.warmup, args.steps, attempt)
-                    )
+                    ours_runs.append(run_ours(recipe, launch, args.warmup, args.steps, attempt))
                     if not args.no_trl:
-                        trl_runs.append(
-                            run_trl(recipe, mode, work, cfg, gpu, args.warmup, args.steps, attempt)
-                        )
+                        trl_runs.append(run_trl(recipe, launch, args.warmup, args.steps, attempt))
                 ours = best_run(ours_runs)
                 trl = best_run(trl_runs) if trl_runs else {"skipped": "--no-trl"}
                 entry = {"ours": ours, "trl": trl}
