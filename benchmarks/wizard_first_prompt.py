@@ -1,7 +1,7 @@
 """Time from starting `zerofit wizard` in a pseudo-terminal to its first question on screen.
 
 Run: .venv/bin/python benchmarks/wizard_first_prompt.py [--runs 5]
-Target (issue 3): median <= 0.5 s. Each run spawns the real console script in a fresh pty, waits
+Target: median <= 0.5 s. Each run spawns the real console script in a fresh pty, waits
 for the first question's text, then presses Ctrl-C (which must leave no file behind).
 """
 

@@ -486,7 +486,7 @@ def test_cli_prints_without_out_and_reports_errors(tmp_path, capsys) -> None:
     )
 
 
-# --- issue 13.3: what reaches a remote host through DeepSpeed's pdsh runner ---------------------
+# --- what reaches a remote host through DeepSpeed's pdsh runner ----------------------------------
 PDSH_HOSTILE = [
     "arg $(touch {pwned})",
     "it's",
@@ -562,7 +562,7 @@ def test_deepspeed_env_holds_what_remote_ranks_need_and_refuses_what_it_cannot_c
             spec(style="deepspeed", hostnames=("a", "b"), extra_env=(("X", bad),))
 
 
-# --- issue 13.4: the generated files work from any directory --------------------------------------
+# --- the generated files work from any directory -------------------------------------------------
 def test_generated_files_run_from_another_directory(fakebin, tmp_path, monkeypatch) -> None:
     env, rec = fakebin
     project, elsewhere = tmp_path / "project", tmp_path / "elsewhere"
@@ -605,7 +605,7 @@ def test_generated_files_run_from_another_directory(fakebin, tmp_path, monkeypat
     assert ds["env"]["DS_ENV_FILE"] == str(project / "deepspeed" / ".deepspeed_env")
 
 
-# --- issue 13.6: Slurm script traps ---------------------------------------------------------------
+# --- Slurm script traps --------------------------------------------------------------------------
 def test_slurm_setup_hook_workdir_requeue_and_doctor(fakebin, tmp_path) -> None:
     env, rec = fakebin
     s = spec(
