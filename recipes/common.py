@@ -356,7 +356,8 @@ def first_line(error: Exception) -> str:
 
 # ----------------------------------------------------------------------------- accelerate setup
 def build_accelerator(args: RunArgs):
-    """Accelerator with gloo on CPU (else each rank silently trains alone: STACK.md), and the
+    """Accelerator with gloo on CPU (accelerate/state.py, ``PartialState._prepare_backend``, picks
+    no backend without CUDA, and each rank then silently trains alone), and the
     DeepSpeed JSON reconciled with the flags: its integers win (stated), its "auto" values are
     filled from the flags. Returns (accelerator, zero_stage); zero_stage is -1 without DeepSpeed."""
     import importlib.util
@@ -401,7 +402,9 @@ def build_accelerator(args: RunArgs):
             )
     reconcile_with_deepspeed(args, cfg, accelerator)
     zero_stage = int(cfg.get("zero_optimization", {}).get("stage", 0))
-    if zero_stage == 3:  # the final save needs the 16-bit weights gathered (STACK.md)
+    # the final save needs the 16-bit weights gathered: without this, accelerate's get_state_dict
+    # under ZeRO-3 (accelerator.py, Accelerator.get_state_dict) has no full weights to return
+    if zero_stage == 3:
         cfg["zero_optimization"]["stage3_gather_16bit_weights_on_model_save"] = True
     accelerator.gradient_accumulation_steps = args.gradient_accumulation_steps
     return accelerator, zero_stage

@@ -8,7 +8,7 @@ replicated otherwise, or its log-probs are computed once before training (`--pre
 Without flags: a tiny random-init model learns to prefer "3+4=7" over "3+4=3+4" offline.
 
     python recipes/dpo.py                                     # one process / one GPU, toy task
-    accelerate launch --config_file deepspeed_configs/accelerate/zero3.yaml \\
+    accelerate launch --config_file deepspeed_configs/accelerate/zero3.yaml --num_processes 8 \\
         --mixed_precision bf16 recipes/dpo.py \\
         --dataset pairs.jsonl --model runs/sft/final          # all GPUs of one node, ZeRO-3
     accelerate launch --config_file cfg/accelerate.yaml --machine_rank $NODE_RANK \\

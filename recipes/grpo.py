@@ -6,7 +6,7 @@ turns rewards into group-normalised advantages and optimises the clipped policy-
 built-in toy task ("3+4=" -> "7") offline, on CPU, in a couple of minutes.
 
     python recipes/grpo.py                                    # one process / one GPU, toy task
-    accelerate launch --config_file deepspeed_configs/accelerate/zero2.yaml \\
+    accelerate launch --config_file deepspeed_configs/accelerate/zero2.yaml --num_processes 8 \\
         --mixed_precision bf16 recipes/grpo.py \\
         --config recipes/grpo.yaml                            # all GPUs of one node, ZeRO-2
     accelerate launch --config_file cfg/accelerate.yaml --machine_rank $NODE_RANK \\

@@ -341,7 +341,8 @@ def save_final_model(accelerator, model, tokenizer, output_dir: str, program: st
     """The model in HF format in output_dir/final (16-bit weights gathered under ZeRO-3).
 
     Written to a temp dir and renamed, so `final` is never half-written. Reload it in a separate
-    process: loading on rank 0 inside the run hangs the other ranks (STACK.md)."""
+    process: under ZeRO-3 loading on rank 0 alone inside the run starts parameter gathers the
+    other ranks never join, and they hang."""
     state_dict = accelerator.get_state_dict(model)  # collective: every rank must call it
     if accelerator.is_main_process:
         final = os.path.join(output_dir, "final")

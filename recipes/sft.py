@@ -6,7 +6,7 @@ tokenizer's chat template); the loss is the mean cross-entropy over completion t
 Without flags: a tiny random-init model learns the built-in toy task ("3+4=" -> "7") offline.
 
     python recipes/sft.py                                     # one process / one GPU, toy task
-    accelerate launch --config_file deepspeed_configs/accelerate/zero2.yaml \\
+    accelerate launch --config_file deepspeed_configs/accelerate/zero2.yaml --num_processes 8 \\
         --mixed_precision bf16 recipes/sft.py \\
         --dataset data.jsonl --model Qwen/Qwen2.5-0.5B        # all GPUs of one node, ZeRO-2
     accelerate launch --config_file cfg/accelerate.yaml --machine_rank $NODE_RANK \\

@@ -1,4 +1,5 @@
-"""Tiny real multi-node training run: accelerate + DeepSpeed (from the launcher's config), gloo on CPU.
+"""Tiny real multi-node training run: accelerate + DeepSpeed (from the launcher's config), gloo
+on CPU.
 
 A random-init 2-layer Qwen2 trains a few steps on random tokens; each rank prints its progress so a
 test can tell when the job is mid-run. Launched by the scripts `zerofit launch` writes, e.g.:
@@ -45,7 +46,8 @@ def main(argv: list[str] | None = None) -> int:
     from accelerate.utils import InitProcessGroupKwargs
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    # Without an explicit gloo backend on CPU, accelerate runs every rank alone (STACK.md).
+    # Without an explicit gloo backend on CPU, accelerate runs every rank alone
+    # (accelerate/state.py, PartialState._prepare_backend picks no backend without CUDA).
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     pg = InitProcessGroupKwargs(backend=backend, timeout=timedelta(seconds=args.timeout))
     acc = Accelerator(kwargs_handlers=[pg])
