@@ -3,10 +3,10 @@
     python benchmarks/gpu_oom_boundary.py --out $OUT/boundary.jsonl   # on a CUDA machine
     python benchmarks/gpu_oom_boundary.py --dry-run                   # anywhere: what it would run
 
-Issue 8 judges the memory model on H100 points it was not built on, and its verdict on whether a
+It judges the memory model on H100 points it was not built on, and its verdict on whether a
 configuration runs out of memory. Public reports (benchmarks/public_reports.py) leave too many
 facts open to settle the second; this script settles both on a lent GPU. Most runs use the
-calibration runs' setup (/work/shared/calibration/README.md: a random-init model of a built-in
+calibration runs' setup (tests/data/mem_h100_qwen2.5-0.5b.md: a random-init model of a built-in
 shape, bf16, a client ``torch.optim.AdamW`` handed to ``deepspeed.initialize``, bucket sizes at
 DeepSpeed's defaults, 3 steps on random token ids); three run ``transformers.Trainer`` with its
 defaults on one GPU without DeepSpeed, 1.5B to 7B models loaded in bf16. None of the

@@ -6,10 +6,10 @@ and generation length, in one invocation, and the result is printed as JSON (and
     .venv/bin/python benchmarks/grpo_throughput.py                 # CPU: tiny model, plain
     python benchmarks/grpo_throughput.py --modes plain zero2 zero3 # GPU: Qwen2.5-0.5B shape, bf16
 
-GPU setting (the reference shape): Qwen2.5-0.5B-shaped random init, 8 prompts x 8 generations x
-256 completion tokens, prompt 64 tokens, micro-batch 16 x accumulation 4, beta 0. Tokens/s counts
-the completion tokens actually generated (EOS may end a sequence early), over the timed steps after
-warm-up.
+GPU setting (that of the H100 reference in tests/data/mem_h100_qwen2.5-0.5b.md): Qwen2.5-0.5B-shaped
+random init, 8 prompts x 8 generations x 256 completion tokens, prompt 64 tokens, micro-batch 16 x
+accumulation 4, beta 0. Tokens/s counts the completion tokens actually generated (EOS may end a
+sequence early), over the timed steps after warm-up.
 """
 
 from __future__ import annotations
