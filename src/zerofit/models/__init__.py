@@ -1,4 +1,4 @@
 """Model shapes and exact parameter counts: the built-in table, config.json files, hub ids.
 
-Imports only zerofit.errors.
+Imports only the shared top level (zerofit.errors, zerofit.cache).
 """
