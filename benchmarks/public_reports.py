@@ -508,7 +508,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--gpu-proxies",
         action="store_true",
-        help="estimate GPUs the catalog lacks (A800, A40, H20) on a " "same-memory entry",
+        help="estimate GPUs the catalog lacks (A800, A40, H20) on a same-memory entry",
     )
     args = parser.parse_args(argv)
     proxies = GPU_PROXIES if args.gpu_proxies else None

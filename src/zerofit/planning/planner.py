@@ -119,7 +119,7 @@ class BudgetCheck:
 
     @property
     def failing_budget(self) -> str | None:
-        """ "gpu", "host" (RAM), "gpu+host", or None when it fits."""
+        """Which budget fails: "gpu", "host" (RAM), "gpu+host", or None when it fits."""
         if self.fits:
             return None
         budgets = (("gpu", self.gpu_fits), ("host", self.host_fits))
