@@ -52,14 +52,15 @@ from __future__ import annotations
 
 import argparse
 import functools
+import importlib
 import json
 import sys
 from pathlib import Path
 
 # public_reports.py lives beside this file; put it on the path also when a test imports this
-# module from its file.
+# module from its file, then import it (it puts the checkout's src on sys.path too).
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import public_reports  # noqa: E402  (public_reports puts the checkout's src on sys.path too)
+public_reports = importlib.import_module("public_reports")
 
 GIB = 1024**3
 TOOLS = ("zerofit", "deepspeed", "accelerate")

@@ -239,11 +239,13 @@ def test_missing_hostfile_and_pdsh_with_an_existing_one(tmp_path):
     base["deepspeed_config"].update(
         deepspeed_multinode_launcher="pdsh", deepspeed_hostfile=str(hostfile)
     )
-    exists = lambda p: Path(p).is_file()  # noqa: E731
+
+    def exists(path: str) -> bool:
+        return Path(path).is_file()
+
     problems = check_files({"pdsh.yaml": yaml.safe_dump(base)}, exists=exists)
-    assert [p.severity for p in problems] == [
-        "warning"
-    ]  # valid; pdsh + ssh are the user's to provide
+    # valid: pdsh and ssh are the user's to provide
+    assert [p.severity for p in problems] == ["warning"]
     hostfile.unlink()
     problems = check_files({"pdsh.yaml": yaml.safe_dump(base)}, exists=exists)
     assert [p.path for p in problems if p.severity == "error"] == [
