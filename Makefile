@@ -56,7 +56,7 @@ test: export PATH := $(CURDIR)/.venv/bin:$(PATH)
 test: export TORCH_EXTENSIONS_DIR ?= $(EXTENSIONS_DIR)
 test: $(STAMP) cluster-deps
 	$(PY) tests/warm_ops.py
-	$(PY) -m pytest -q -p no:cacheprovider --durations=15
+	$(PY) -m pytest -q -p no:cacheprovider --durations=25
 
 bench: $(STAMP)
 	$(PY) benchmarks/cli_startup.py
