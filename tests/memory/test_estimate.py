@@ -1,6 +1,8 @@
-"""Memory model: calibration points, the ZeRO paper's model-state table, properties, one spelled-out case.
+"""Memory model: calibration points, the ZeRO paper's model-state table, properties, one
+spelled-out case.
 
-Run: .venv/bin/python -m pytest tests/memory/test_estimate.py -q -s   (-s prints the calibration error table)
+Run: .venv/bin/python -m pytest tests/memory/test_estimate.py -q -s
+(-s prints the calibration error table)
 """
 
 from __future__ import annotations
@@ -8,9 +10,9 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-
 from conftest import calibration_points
-from memory_shapes import QWEN25_05B, QWEN25_7B, LLAMA31_70B
+from memory_shapes import LLAMA31_70B, QWEN25_05B, QWEN25_7B
+
 from zerofit.memory import overheads as oh
 from zerofit.memory.ds_defaults import DEEPSPEED_DEFAULT_BUCKETS
 from zerofit.memory.estimate import (
@@ -46,8 +48,9 @@ def test_calibration_points_within_2_percent():
         err = est.peak_gib / pt["peak_alloc_gib"] - 1
         worst, most_under = max(worst, abs(err)), min(most_under, err)
         rows.append(
-            f"stage {pt['stage']} offload {pt['offload']:4} seq {pt['seq']:5} mbs {pt['mbs']} gc {pt['gc']!s:5} "
-            f"measured {pt['peak_alloc_gib']:7.3f} predicted {est.peak_gib:7.3f} GiB  {err:+6.1%}  ({est.phase})"
+            f"stage {pt['stage']} offload {pt['offload']:4} seq {pt['seq']:5} mbs {pt['mbs']} "
+            f"gc {pt['gc']!s:5} measured {pt['peak_alloc_gib']:7.3f} "
+            f"predicted {est.peak_gib:7.3f} GiB  {err:+6.1%}  ({est.phase})"
         )
     print("\n" + "\n".join(rows) + f"\nworst |error| {worst:.1%}")
     assert worst <= 0.02 and most_under >= -0.01
@@ -201,7 +204,8 @@ def test_known_breakdown_qwen05b_stage2_seq1024_mbs2():
     # MLP: 4 tensors of 4864 x 2 bytes = 38912  -> 57400 per layer; final norm 4h + 2*2h = 7168
     tokens = 2 * 1024
     assert b["activations"] == tokens * (24 * 57_400 + 7_168)  # 2,836,004,864
-    # loss path at the start of backward: fp32 log_softmax, its grad and the grad it makes: 3 x 4 x V
+    # loss path at the start of backward: fp32 log_softmax, its grad and the grad it makes:
+    # 3 x 4 x V
     assert b["logits"] == tokens * 3 * 4 * 151_936  # 3,733,979,136
     assert est.peak_bytes == 14 * P + 2_836_004_864 + 3_733_979_136  # 13,486,442,752 B = 12.56 GiB
 
@@ -245,9 +249,9 @@ def _whole_step(peak: str, weights: str, checkpointing: bool, padded: bool):
     """Bytes MemTracker measured at the peak of a second training step of a real transformers
     Qwen2 of the ``peak`` shape on CPU, with the model spec and setup that describe it."""
     torch = pytest.importorskip("torch")
+    from memory_probe import tracked_peak
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from memory_probe import tracked_peak
     from zerofit.models.resolve import spec_from_config
 
     hidden, inter, vocab, micro, seq = PLAIN_SHAPES[peak]
