@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from zerofit.errors import ZerofitError
-from zerofit.hardware import CATALOG, detect_host_ram_gib, lookup, match_gpu_name
+from zerofit.hardware import CATALOG, GpuSpec, detect_host_ram_gib, lookup, match_gpu_name
 
 
 @pytest.mark.parametrize(
@@ -57,3 +57,20 @@ def test_host_ram_from_meminfo(tmp_path):
     assert detect_host_ram_gib(str(meminfo)) == pytest.approx(65790164 / 1024**2)
     assert detect_host_ram_gib(str(tmp_path / "missing")) is None
     assert detect_host_ram_gib() is None or detect_host_ram_gib() > 0
+
+
+def test_every_gpu_has_the_speed_models_datasheet_figures():
+    """speed/step_time.py divides by these: every catalog entry has them, and they are ordered
+    as the datasheets are (HBM3 over HBM2e over GDDR, NVLink over PCIe)."""
+    for spec in CATALOG.values():
+        assert spec.bf16_tflops > 0 and spec.hbm_gbps > 0 and spec.link_gbps > 0, spec.key
+        if spec.interconnect == "pcie":
+            assert spec.link_gbps <= 64, spec.key
+    assert CATALOG["H100-SXM"].hbm_gbps > CATALOG["A100-80GB"].hbm_gbps > CATALOG["A10"].hbm_gbps
+    assert CATALOG["H100-SXM"].link_gbps > CATALOG["H100-PCIE"].link_gbps
+    assert CATALOG["A800"].link_gbps < CATALOG["A100-80GB"].link_gbps  # the export NVLink cap
+
+
+def test_a_spec_without_the_speed_fields_still_constructs():
+    spec = GpuSpec("X", "Some GPU", 10.0, True, False, "pcie", 100)
+    assert (spec.hbm_gbps, spec.link_gbps) == (0.0, 0.0)

@@ -18,7 +18,13 @@ class GpuSpec:
     bf16: bool
     fp8: bool
     interconnect: str  # typical intra-node link: "nvlink" or "pcie"
-    bf16_tflops: float  # dense peak, for throughput ranking only
+    # dense 16-bit tensor-core peak (bf16; fp16 where the GPU has no bf16), no sparsity
+    bf16_tflops: float
+    # HBM (or GDDR) bandwidth, GB/s: bounds the GPU optimizer step (speed/step_time.py)
+    hbm_gbps: float = 0.0
+    # one direction of the GPU's intra-node link, GB/s (NVLink total / 2, or PCIe x16 per
+    # direction): what a ring collective inside a node moves per GPU per second at best
+    link_gbps: float = 0.0
 
 
 # Memory is what torch can use: cudaMemGetInfo's total, which torch.cuda.get_device_properties()
@@ -28,37 +34,61 @@ class GpuSpec:
 # A100 80GB "79.15 GiB total capacity" (A800: the same HBM2e part), H100 80GB "total capacity of
 # 79.11 GiB" (vllm-project/vllm#27508), A100 40GB 39.39, V100 16GB 15.77, V100 32GB 31.75.
 # Order matters for detection: specific names first.
+# Peak TFLOPs, HBM GB/s and link GB/s are the vendors' datasheets, per family: NVIDIA B200
+# (DGX B200 / HGX B200 datasheet, per GPU: 2.25 PF dense bf16, 8 TB/s, NVLink 5 1.8 TB/s);
+# H100 / H200 / H800 / H20 (H100 Tensor Core GPU datasheet: SXM 989 TF, 3.35 TB/s, NVLink 900 GB/s;
+# PCIe 756 TF, 2 TB/s, PCIe Gen5 128 GB/s; NVL 835 TF, 3.9 TB/s, NVLink bridge 600 GB/s; H200
+# datasheet 4.8 TB/s; H800 NVLink 400 GB/s; H20 148 TF, 4.0 TB/s, NVLink 900 GB/s); A100 / A800
+# (A100 datasheet: 312 TF, 80GB SXM 2,039 GB/s, 40GB 1,555 GB/s, NVLink 600 GB/s; A800 NVLink
+# 400 GB/s); Ada / Ampere PCIe cards (L40S, L4, L20, A10, A40, RTX A6000, GeForce 4090/3090
+# datasheets: memory bandwidth as printed, PCIe Gen4 x16 64 GB/s both ways); V100 SXM2 (V100
+# datasheet: 125 TF fp16, 900 GB/s, NVLink 300 GB/s); T4 (65 TF fp16, 320 GB/s, PCIe Gen3);
+# AMD MI250X (3.2 TB/s per OAM, half per GCD; 8 Infinity Fabric links of 100 GB/s) and MI300X
+# (1,307 TF bf16 dense, 5.3 TB/s, 7 Infinity Fabric links, 896 GB/s in all). link_gbps is one
+# direction: half of the bidirectional figure the datasheets print.
 CATALOG: dict[str, GpuSpec] = {
     g.key: g
     for g in [
-        GpuSpec("B200", "NVIDIA B200 180GB", 178.4, True, True, "nvlink", 2250),
-        GpuSpec("H200", "NVIDIA H200 141GB", 139.8, True, True, "nvlink", 989),
-        GpuSpec("H100-NVL", "NVIDIA H100 NVL 94GB", 93.6, True, True, "nvlink", 835),
-        GpuSpec("H100-PCIE", "NVIDIA H100 PCIe 80GB", 79.11, True, True, "pcie", 756),
-        GpuSpec("H100-SXM", "NVIDIA H100 SXM 80GB", 79.11, True, True, "nvlink", 989),
-        GpuSpec("A100-80GB", "NVIDIA A100 80GB", 79.15, True, False, "nvlink", 312),
-        GpuSpec("A100-40GB", "NVIDIA A100 40GB", 39.39, True, False, "nvlink", 312),
-        GpuSpec("L40S", "NVIDIA L40S 48GB", 44.4, True, True, "pcie", 362),
-        GpuSpec("A6000", "NVIDIA RTX A6000 48GB", 47.4, True, False, "pcie", 155),
-        GpuSpec("A10", "NVIDIA A10 24GB", 22.0, True, False, "pcie", 125),
-        GpuSpec("L4", "NVIDIA L4 24GB", 22.0, True, True, "pcie", 121),
-        GpuSpec("RTX4090", "NVIDIA GeForce RTX 4090 24GB", 23.6, True, True, "pcie", 165),
-        GpuSpec("RTX3090", "NVIDIA GeForce RTX 3090 24GB", 23.6, True, False, "pcie", 71),
-        GpuSpec("V100-32GB", "NVIDIA V100 32GB", 31.75, False, False, "nvlink", 125),
-        GpuSpec("V100-16GB", "NVIDIA V100 16GB", 15.77, False, False, "nvlink", 125),
-        GpuSpec("T4", "NVIDIA T4 16GB", 14.6, False, False, "pcie", 65),
+        GpuSpec("B200", "NVIDIA B200 180GB", 178.4, True, True, "nvlink", 2250, 8000, 900),
+        GpuSpec("H200", "NVIDIA H200 141GB", 139.8, True, True, "nvlink", 989, 4800, 450),
+        GpuSpec("H100-NVL", "NVIDIA H100 NVL 94GB", 93.6, True, True, "nvlink", 835, 3900, 300),
+        GpuSpec("H100-PCIE", "NVIDIA H100 PCIe 80GB", 79.11, True, True, "pcie", 756, 2000, 64),
+        GpuSpec("H100-SXM", "NVIDIA H100 SXM 80GB", 79.11, True, True, "nvlink", 989, 3350, 450),
+        GpuSpec("A100-80GB", "NVIDIA A100 80GB", 79.15, True, False, "nvlink", 312, 2039, 300),
+        GpuSpec("A100-40GB", "NVIDIA A100 40GB", 39.39, True, False, "nvlink", 312, 1555, 300),
+        GpuSpec("L40S", "NVIDIA L40S 48GB", 44.4, True, True, "pcie", 362, 864, 32),
+        GpuSpec("A6000", "NVIDIA RTX A6000 48GB", 47.4, True, False, "pcie", 155, 768, 32),
+        GpuSpec("A10", "NVIDIA A10 24GB", 22.0, True, False, "pcie", 125, 600, 32),
+        GpuSpec("L4", "NVIDIA L4 24GB", 22.0, True, True, "pcie", 121, 300, 32),
+        GpuSpec("RTX4090", "NVIDIA GeForce RTX 4090 24GB", 23.6, True, True, "pcie", 165, 1008, 32),
+        GpuSpec("RTX3090", "NVIDIA GeForce RTX 3090 24GB", 23.6, True, False, "pcie", 71, 936, 32),
+        GpuSpec("V100-32GB", "NVIDIA V100 32GB", 31.75, False, False, "nvlink", 125, 900, 150),
+        GpuSpec("V100-16GB", "NVIDIA V100 16GB", 15.77, False, False, "nvlink", 125, 900, 150),
+        GpuSpec("T4", "NVIDIA T4 16GB", 14.6, False, False, "pcie", 65, 320, 16),
         # Added later, kept after the first entries so menus keep their order. China-market
         # Hopper/Ampere parts (vendor datasheets: H800/A800 80 GB, H20 96 GB HBM3), 48 GB GDDR6
         # cards.
-        GpuSpec("H800", "NVIDIA H800 80GB", 79.11, True, True, "nvlink", 989),
-        GpuSpec("H20", "NVIDIA H20 96GB", 95.6, True, True, "nvlink", 148),
-        GpuSpec("A800", "NVIDIA A800 80GB", 79.15, True, False, "nvlink", 312),
-        GpuSpec("A40", "NVIDIA A40 48GB", 44.4, True, False, "pcie", 150),
-        GpuSpec("L20", "NVIDIA L20 48GB", 44.4, True, True, "pcie", 120),
+        GpuSpec("H800", "NVIDIA H800 80GB", 79.11, True, True, "nvlink", 989, 3350, 200),
+        GpuSpec("H20", "NVIDIA H20 96GB", 95.6, True, True, "nvlink", 148, 4000, 450),
+        GpuSpec("A800", "NVIDIA A800 80GB", 79.15, True, False, "nvlink", 312, 2039, 200),
+        GpuSpec("A40", "NVIDIA A40 48GB", 44.4, True, False, "pcie", 150, 696, 32),
+        GpuSpec("L20", "NVIDIA L20 48GB", 44.4, True, True, "pcie", 120, 864, 32),
         # AMD Instinct (ROCm; DeepSpeed runs on RCCL). "nvlink" here means the xGMI/Infinity Fabric
         # mesh. MI250X: one OAM is two GCDs, each its own 64 GB device to torch.
-        GpuSpec("MI250X", "AMD Instinct MI250X (one GCD, 64GB)", 64.0, True, False, "nvlink", 191),
-        GpuSpec("MI300X", "AMD Instinct MI300X 192GB", 191.5, True, True, "nvlink", 1307),
+        GpuSpec(
+            "MI250X",
+            "AMD Instinct MI250X (one GCD, 64GB)",
+            64.0,
+            True,
+            False,
+            "nvlink",
+            191,
+            1638,
+            100,
+        ),
+        GpuSpec(
+            "MI300X", "AMD Instinct MI300X 192GB", 191.5, True, True, "nvlink", 1307, 5300, 448
+        ),
     ]
 }
 
