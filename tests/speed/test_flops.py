@@ -60,4 +60,5 @@ def test_frozen_weights_skip_the_weight_gradients():
     model = resolve_model("qwen2.5-7b")
     full = estimate_step_flops(model, seq_len=1024, sequences=1)
     lora = estimate_step_flops(model, seq_len=1024, sequences=1, frozen_weights=True)
-    assert lora.total == pytest.approx(2 / 3 * full.total)
+    assert lora.total == pytest.approx(2 / 3 * full.total, rel=0.02)
+    assert lora.total > 2 / 3 * full.total  # attention's backward keeps both of its products

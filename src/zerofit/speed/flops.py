@@ -80,13 +80,15 @@ def estimate_step_flops(
 ) -> StepFlops:
     """FLOPs of ``sequences`` sequences of ``seq_len`` tokens through forward and backward.
 
-    ``frozen_weights`` (LoRA, other adapters): the backward still computes every matmul's input
-    gradient but not the frozen weights' gradients, so it costs one forward instead of two; the
-    adapters' own matmuls are under 1 % and left out.
+    ``frozen_weights`` (LoRA, other adapters): the backward still computes every weight matmul's
+    input gradient but not the frozen weights' gradients, so those matmuls cost one forward
+    instead of two; attention's products have no weights and keep their two. The adapters' own
+    matmuls are under 1 % and left out.
     """
     terms = forward_flops_per_sequence(model, seq_len)
     forward = sum(terms.values()) * sequences
-    backward = forward if frozen_weights else 2.0 * forward
+    weight_matmuls = (terms["layers"] + terms["lm_head"]) * sequences
+    backward = 2.0 * forward - (weight_matmuls if frozen_weights else 0.0)
     recompute = 0.0
     if gradient_checkpointing:
         recompute = (terms["layers"] + terms["attention"]) * sequences

@@ -1,0 +1,337 @@
+"""Seconds per optimizer step of one training configuration, term by term as DeepSpeed runs it.
+
+One optimizer step is ``grad_accum`` micro steps (forward, backward) and one optimizer step. Its
+time is the sum of:
+
+- compute: the step's FLOPs (speed/flops.py) over the GPU's dense 16-bit peak times an achieved
+  efficiency that grows with the tokens of one micro step (``compute_efficiency``);
+- recompute: gradient checkpointing's second forward, at the same efficiency;
+- exposed communication: what the ZeRO stage's collectives take beyond the compute they overlap
+  (``communication_seconds``), over the slowest link of the ring;
+- offload: gradients to the host and parameters back over PCIe, and DeepSpeed's CPUAdam step as
+  memory-bound host work (``offload_seconds``);
+- the GPU optimizer step as HBM-bound work (``gpu_optimizer_seconds``);
+- a fixed cost per micro step (Python, kernel launches, the data loader), one per optimizer step
+  and, under ZeRO-3, one per layer of each micro step (the parameter coordinator's hooks).
+
+Generation (GRPO's rollout) is not modeled: its time is the training part only.
+
+The named constants below are the only fitted numbers; each says its value and the public rows
+(tests/data/step_times_public.jsonl, by id) it came from. None is fitted to a single row.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from zerofit.hardware import GpuSpec
+from zerofit.memory.estimate import TrainSetup
+from zerofit.models.resolve import ModelSpec
+from zerofit.speed.flops import estimate_step_flops
+
+
+@dataclass(frozen=True)
+class EfficiencyCurve:
+    """Achieved fraction of the dense peak at ``tokens`` per micro step per GPU:
+    ``peak_fraction * tokens / (tokens + half_tokens)``. Small micro batches leave the GPU's
+    matmuls too thin to fill it: at ``half_tokens`` it reaches half of ``peak_fraction``."""
+
+    peak_fraction: float
+    half_tokens: float
+
+    def at(self, tokens: int) -> float:
+        return self.peak_fraction * tokens / (tokens + self.half_tokens)
+
+
+# Fitted per GPU generation (never per row), with the per-step costs below, by least squares over
+# a small grid (median |error| of the rows named):
+# - Ampere (A100/A800): peak_fraction 0.55, half_tokens 50, from the Qwen README's single-A100
+#   LoRA sweeps (qwen1-{1.8b,7b,14b}-lora-seq256 ... -seq8192 and the -lora-emb- rows: 36 rows,
+#   stage 0, one GPU, so no communication; median |error| 6 %). Those rows give the curve a
+#   near-flat shape: from 256 tokens per micro step on, an A100 runs these models' matmuls at
+#   about the same rate, and what makes short micro steps slow is the fixed cost per micro step
+#   below, not thin matmuls. The xtuner rows on A100 (xtuner-llama2-7b-a100x8-8k-sp1: 185 model
+#   TFLOPs of 312 at 8k tokens, 0.59) agree with the top of the curve.
+# - Hopper (H100/H200/H800/H20): peak_fraction 0.45 from torchtitan-llama3.1-8b-h100x8-fsdp and
+#   -h100x128-fsdp (5,762 and 5,605 tokens/s per GPU at 16k tokens per micro step, bf16, eager
+#   mode; errors -2 % and +2 % at 0.45); half_tokens 50 taken over from Ampere: no Hopper row
+#   varies the micro batch.
+# - Blackwell and every other GPU: Hopper's values, unfitted: no public bf16 row names a micro
+#   batch on them.
+EFFICIENCY = {
+    "ampere": EfficiencyCurve(peak_fraction=0.55, half_tokens=50),
+    "hopper": EfficiencyCurve(peak_fraction=0.45, half_tokens=50),
+    "blackwell": EfficiencyCurve(peak_fraction=0.45, half_tokens=50),
+    "other": EfficiencyCurve(peak_fraction=0.45, half_tokens=50),
+}
+
+# Python, kernel launches and the data loader per micro step, 0.09 s, and the optimizer step's
+# own fixed cost (gradient norm and clipping over every tensor, the scheduler, logging), 0.1 s:
+# fitted with Ampere's curve on the same 36 Qwen LoRA rows (qwen1-1.8b-lora-seq256 and -seq512
+# both take 1.0 s for 8 micro steps, where the compute is ~0.1 s). The H100 calibration runs
+# agree: one micro step of Qwen2.5-0.5B without checkpointing takes 0.18-0.22 s
+# (tests/data/mem_h100_qwen2.5-0.5b.jsonl, z2 rows), almost none of it compute.
+MICRO_STEP_OVERHEAD_S = 0.09
+OPTIMIZER_STEP_OVERHEAD_S = 0.1
+
+# ZeRO-3's per-module hooks (deepspeed/runtime/zero/parameter_offload.py
+# ``_pre_forward_module_hook`` / ``_post_backward_module_hook`` call
+# partitioned_param_coordinator.py ``PartitionedParameterCoordinator.fetch_sub_module`` and
+# ``release_sub_module`` for every submodule, forward and backward), 5 ms per layer per micro
+# step: the Qwen README's ZeRO-3 rows (qwen1-1.8b-full-seq*, one GPU; qwen1-7b-full-seq*, two;
+# qwen1-72b-lora-z3-seq*, four: 15 rows, median |error| 15-17 % at 4-6 ms, 24 % at 0).
+STAGE3_HOOK_S_PER_LAYER = 0.005
+
+# Pinned host<->GPU copies reach ~25 GB/s of PCIe Gen4 x16's 32 GB/s per direction (DeepSpeed
+# offloads through pinned buffers: runtime/zero/offload_config.py ``pin_memory``).
+PCIE_OFFLOAD_GBPS = 25.0
+
+# DeepSpeed CPUAdam (deepspeed/ops/adam/cpu_adam.py ``DeepSpeedCPUAdam.step`` ->
+# csrc/adam/cpu_adam_impl.cpp ``Adam_Optimizer::Step_AVX``) streams, per parameter, the fp32
+# master, grad, exp_avg and exp_avg_sq in and the master and both states out: 28 bytes, and the
+# 16-bit copy for the GPU, 2 more. Effective host memory bandwidth per node, 27 GB/s: the
+# DeepSpeed issue 6695 rows (ds6695-llama2-0.3b-offload-cpu 0.31 s and -1.2b-offload-cpu 1.5 s
+# optimizer step: 29 and 24 GB/s at 30 bytes per parameter; 27 GB/s their mean) and ZenFlow's
+# core-binding rows agree (zenflow-bind-qwen2.5-3b-a100-40gbx2-offload*: 2.5-2.9 s whole steps
+# for 3.1B parameters, at most ~35 GB/s). A server's STREAM bandwidth is higher (100-300 GB/s);
+# CPUAdam's vector loop with the OpenMP threads DeepSpeed starts does not reach it.
+CPU_ADAM_HOST_GBPS = 27.0
+CPU_ADAM_BYTES_PER_PARAM = 30
+
+# fused / foreach Adam on the GPU: per trainable parameter of this rank's partition, fp32 master,
+# exp_avg and exp_avg_sq read and written (24), the fp32 gradient read (4), the 16-bit weight
+# written (2). torch/optim/adamw.py ``_fused_adamw`` / ``_multi_tensor_adamw``; DeepSpeed's
+# FusedAdam (deepspeed/ops/adam/fused_adam.py) the same.
+GPU_ADAM_BYTES_PER_PARAM = 30
+
+# NCCL's ring reaches ~80 % of a link's datasheet bandwidth (nccl-tests' bus bandwidth on
+# NVLink and InfiniBand); the same share is taken of every link.
+LINK_EFFICIENCY = 0.8
+
+# inter-node bandwidth when the caller gives none: 100 Gbit/s per node (one HDR/EDR InfiniBand or
+# 100 GbE NIC), the common small-cluster case.
+DEFAULT_INTER_NODE_GBITS = 100.0
+
+
+@dataclass(frozen=True)
+class StepTime:
+    """Seconds of one optimizer step, by term, and the rates they give."""
+
+    compute_s: float
+    recompute_s: float
+    exposed_comm_s: float
+    offload_transfer_s: float
+    cpu_optimizer_s: float
+    gpu_optimizer_s: float
+    overhead_s: float
+    total_s: float
+    tokens_per_s_per_gpu: float
+    mfu: float  # model FLOPs (no recompute) per second over the GPU's dense 16-bit peak
+
+    def breakdown(self) -> dict[str, float]:
+        """The terms that add up to ``total_s``, rounded for reports."""
+        terms = {
+            "compute_s": self.compute_s,
+            "recompute_s": self.recompute_s,
+            "exposed_comm_s": self.exposed_comm_s,
+            "offload_transfer_s": self.offload_transfer_s,
+            "cpu_optimizer_s": self.cpu_optimizer_s,
+            "gpu_optimizer_s": self.gpu_optimizer_s,
+            "overhead_s": self.overhead_s,
+        }
+        return {name: round(value, 4) for name, value in terms.items()}
+
+
+def gpu_generation(gpu: GpuSpec) -> str:
+    """The efficiency curve's key for a catalog GPU."""
+    key = gpu.key.upper()
+    if key.startswith("B"):
+        return "blackwell"
+    if key.startswith(("H100", "H200", "H800", "H20")):
+        return "hopper"
+    if key.startswith(("A100", "A800")):
+        return "ampere"
+    return "other"
+
+
+def compute_efficiency(gpu: GpuSpec, tokens_per_micro_step: int) -> float:
+    """Achieved fraction of ``gpu``'s dense peak at this many tokens per micro step per GPU."""
+    return EFFICIENCY[gpu_generation(gpu)].at(tokens_per_micro_step)
+
+
+@dataclass(frozen=True)
+class Links:
+    """Bandwidths in GB/s (bytes) a ring collective sees."""
+
+    intra_node_gbps: float
+    inter_node_gbps: float  # the node's whole network, bytes/s / 1e9
+
+    def ring_gbps(self, setup: TrainSetup) -> float:
+        """The slowest link bounds a ring: inside one node the GPUs' link; across nodes the
+        node's network too (NCCL runs one ring per NIC, so a node's NICs add up)."""
+        intra = self.intra_node_gbps * LINK_EFFICIENCY
+        if setup.world_size <= setup.gpus_per_node:
+            return intra
+        return min(intra, self.inter_node_gbps * LINK_EFFICIENCY)
+
+
+def ring_seconds(bytes_per_rank: float, ranks: int, bandwidth_gbps: float) -> float:
+    """Seconds of a ring reduce-scatter or all-gather of ``bytes_per_rank`` (the whole buffer)
+    over ``ranks``: each rank sends (n-1)/n of it (an all-reduce is two of these)."""
+    if ranks <= 1:
+        return 0.0
+    return (ranks - 1) / ranks * bytes_per_rank / (bandwidth_gbps * 1e9)
+
+
+@dataclass(frozen=True)
+class CommSeconds:
+    """A step's collectives: what overlaps forward, what overlaps backward, what follows."""
+
+    during_forward: float
+    during_backward: float
+    after_step: float
+
+
+def communication_seconds(
+    setup: TrainSetup, model: ModelSpec, links: Links, trainable: int
+) -> CommSeconds:
+    """The collectives one optimizer step issues, per ZeRO stage as DeepSpeed issues them.
+
+    - stage 0: DDP all-reduces the gradients once per step, during the last micro step's
+      backward (torch/nn/parallel/distributed.py ``DistributedDataParallel`` buckets under
+      ``no_sync`` until the accumulation boundary; DeepSpeed's engine likewise only at
+      ``is_gradient_accumulation_boundary``: runtime/engine.py ``allreduce_gradients``).
+    - stage 1: gradients reduce-scattered at the boundary, the updated 16-bit partitions
+      all-gathered after the step (runtime/zero/stage_1_and_2.py
+      ``DeepSpeedZeroOptimizer.reduce_gradients`` then ``step`` -> runtime/utils.py
+      ``all_gather_dp_groups``).
+    - stage 2: the same, but gradients are reduce-scattered in every micro step's backward as
+      buckets fill (stage_1_and_2.py ``reduce_independent_p_g_buckets_and_remove_grads`` ->
+      ``average_tensor``), since a rank keeps only its partition.
+    - stage 3: every micro step all-gathers the parameters in forward and again in backward
+      (runtime/zero/partitioned_param_coordinator.py ``fetch_sub_module`` ->
+      partition_parameters.py ``all_gather_coalesced``) and reduce-scatters the gradients
+      (stage3.py ``DeepSpeedZeroOptimizer_Stage3.__reduce_and_partition_ipg_grads`` ->
+      ``reduce_scatter_coalesced``); frozen weights are gathered all the same.
+    """
+    ranks = setup.world_size
+    bandwidth = links.ring_gbps(setup)
+    grad_bytes = trainable * 2  # 16-bit gradients (DeepSpeed reduces in the compute dtype)
+    param_bytes = model.params * 2
+    micro_steps = setup.grad_accum
+    reduce_scatter = ring_seconds(grad_bytes, ranks, bandwidth)
+    if setup.stage == 0:
+        return CommSeconds(0.0, 2 * reduce_scatter, 0.0)
+    gather_trainable = ring_seconds(trainable * 2, ranks, bandwidth)
+    if setup.stage == 1:
+        return CommSeconds(0.0, reduce_scatter, gather_trainable)
+    if setup.stage == 2:
+        return CommSeconds(0.0, micro_steps * reduce_scatter, gather_trainable)
+    gather = ring_seconds(param_bytes, ranks, bandwidth)
+    return CommSeconds(micro_steps * gather, micro_steps * (gather + reduce_scatter), 0.0)
+
+
+def offload_seconds(setup: TrainSetup, model: ModelSpec, trainable: int) -> tuple[float, float]:
+    """(PCIe transfer seconds, CPUAdam seconds) of one step's optimizer / parameter offload.
+
+    Optimizer offload: each micro step copies this rank's gradient partition to the host in
+    fp32 (stage_1_and_2.py ``async_accumulate_grad_in_cpu_via_gpu``; stage3.py
+    ``_DeepSpeedZeroOptimizer_Stage3__partition_grads`` into the pinned fp32 buffer), the step
+    copies the updated 16-bit partition back; CPUAdam then steps every partition of the node.
+    Parameter offload (stage 3): every micro step brings each partition over twice, forward and
+    backward (partitioned_param_coordinator.py ``fetch_sub_module`` from the host copy).
+    """
+    ranks = setup.world_size
+    transfer_bytes = 0.0
+    cpu_adam = 0.0
+    if setup.offload_optimizer != "none":
+        partition = trainable / ranks
+        transfer_bytes += setup.grad_accum * partition * 4 + partition * 2
+        params_on_node = trainable * min(setup.gpus_per_node, ranks) / ranks
+        cpu_adam = params_on_node * CPU_ADAM_BYTES_PER_PARAM / (CPU_ADAM_HOST_GBPS * 1e9)
+    if setup.offload_param != "none" and setup.stage == 3:
+        transfer_bytes += setup.grad_accum * 2 * (model.params / ranks) * 2
+    return transfer_bytes / (PCIE_OFFLOAD_GBPS * 1e9), cpu_adam
+
+
+def gpu_optimizer_seconds(setup: TrainSetup, gpu: GpuSpec, trainable: int) -> float:
+    """The optimizer step on the GPU, HBM-bound: this rank's trainable partition's bytes."""
+    if setup.offload_optimizer != "none":
+        return 0.0
+    partition = trainable if setup.stage == 0 else trainable / setup.world_size
+    return partition * GPU_ADAM_BYTES_PER_PARAM / (gpu.hbm_gbps * 1e9)
+
+
+def sequences_per_micro_step(setup: TrainSetup) -> tuple[int, int]:
+    """(sequences through forward and backward, sequences through a no-grad forward): DPO runs
+    chosen and rejected together, and the reference model on both unless precomputed."""
+    if setup.workload == "dpo":
+        return 2 * setup.micro_batch, (2 * setup.micro_batch if setup.uses_reference else 0)
+    return setup.micro_batch, 0
+
+
+def estimate_step_time(
+    setup: TrainSetup,
+    model: ModelSpec,
+    gpu: GpuSpec,
+    *,
+    inter_node_gbps: float = DEFAULT_INTER_NODE_GBITS,
+    trainable_params: int | None = None,
+) -> StepTime:
+    """Seconds per optimizer step of ``model`` trained as ``setup`` on ``gpu``.
+
+    ``inter_node_gbps``: the network of one node in Gbit/s, as NICs are sold (10 for 10GbE, 400
+    for one NDR port; a DGX's eight NDR ports: 3200); used only when the job spans nodes.
+    ``trainable_params``: LoRA and other adapters (None: every weight trains).
+    """
+    trainable = model.params if trainable_params is None else trainable_params
+    frozen = trainable < model.params
+    trained, reference = sequences_per_micro_step(setup)
+    flops = estimate_step_flops(
+        model,
+        seq_len=setup.seq_len,
+        sequences=trained,
+        gradient_checkpointing=setup.gradient_checkpointing,
+        frozen_weights=frozen,
+    )
+    reference_flops = estimate_step_flops(model, seq_len=setup.seq_len, sequences=reference)
+    peak = gpu.bf16_tflops * 1e12
+    efficiency = compute_efficiency(gpu, trained * setup.seq_len)
+    micro_steps = setup.grad_accum
+    forward_s = (flops.forward + reference_flops.forward) * micro_steps / (peak * efficiency)
+    backward_s = flops.backward * micro_steps / (peak * efficiency)
+    recompute_s = flops.recompute * micro_steps / (peak * efficiency)
+
+    links = Links(gpu.link_gbps, inter_node_gbps / 8)
+    comm = communication_seconds(setup, model, links, trainable)
+    if setup.stage == 3:  # the coordinator prefetches: gathers overlap the compute
+        exposed_forward = max(0.0, comm.during_forward - forward_s)
+    else:
+        exposed_forward = comm.during_forward
+    hidden_by_backward = backward_s + recompute_s if setup.overlap_comm or setup.stage == 0 else 0
+    exposed_backward = max(0.0, comm.during_backward - hidden_by_backward)
+    exposed_comm_s = exposed_forward + exposed_backward + comm.after_step
+
+    transfer_s, cpu_adam_s = offload_seconds(setup, model, trainable)
+    gpu_step_s = gpu_optimizer_seconds(setup, gpu, trainable)
+    overhead_s = micro_steps * MICRO_STEP_OVERHEAD_S + OPTIMIZER_STEP_OVERHEAD_S
+    if setup.stage == 3:
+        overhead_s += micro_steps * model.num_layers * STAGE3_HOOK_S_PER_LAYER
+    compute_s = forward_s + backward_s
+    total_s = (
+        compute_s + recompute_s + exposed_comm_s + transfer_s + cpu_adam_s + gpu_step_s
+    ) + overhead_s
+    tokens = trained * setup.seq_len * micro_steps
+    model_flops = (flops.forward + flops.backward + reference_flops.forward) * micro_steps
+    return StepTime(
+        compute_s=compute_s,
+        recompute_s=recompute_s,
+        exposed_comm_s=exposed_comm_s,
+        offload_transfer_s=transfer_s,
+        cpu_optimizer_s=cpu_adam_s,
+        gpu_optimizer_s=gpu_step_s,
+        overhead_s=overhead_s,
+        total_s=total_s,
+        tokens_per_s_per_gpu=tokens / total_s,
+        mfu=model_flops / total_s / peak,
+    )

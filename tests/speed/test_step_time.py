@@ -1,0 +1,128 @@
+"""The speed model's structure: each term moves the way DeepSpeed's execution says it must.
+
+Run: .venv/bin/python -m pytest tests/speed/test_step_time.py -q   (<1 s)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from zerofit.hardware import lookup
+from zerofit.memory.estimate import TrainSetup
+from zerofit.models.resolve import resolve_model
+from zerofit.speed.step_time import (
+    compute_efficiency,
+    estimate_step_time,
+    ring_seconds,
+)
+
+MODEL = resolve_model("qwen2.5-7b")
+H100 = lookup("H100-SXM")
+ONE_NODE = TrainSetup(stage=2, world_size=8, gpus_per_node=8, micro_batch=2, seq_len=2048)
+TWO_NODES = dataclasses.replace(ONE_NODE, world_size=16)
+
+
+def test_terms_add_up_and_rates_follow_from_the_total():
+    step = estimate_step_time(ONE_NODE, MODEL, H100)
+    assert sum(step.breakdown().values()) == pytest.approx(step.total_s, abs=1e-3)
+    tokens = ONE_NODE.micro_batch * ONE_NODE.seq_len * ONE_NODE.grad_accum
+    assert step.tokens_per_s_per_gpu == pytest.approx(tokens / step.total_s)
+    assert 0.2 < step.mfu < 0.6
+
+
+def test_offload_is_slower_than_none_at_equal_micro_batch():
+    plain = estimate_step_time(ONE_NODE, MODEL, H100)
+    offloaded = estimate_step_time(
+        dataclasses.replace(ONE_NODE, offload_optimizer="cpu"), MODEL, H100
+    )
+    assert offloaded.cpu_optimizer_s > 0 and offloaded.offload_transfer_s > 0
+    assert offloaded.gpu_optimizer_s == 0
+    # the public rows say 2-14x (tests/data/step_times_public.md)
+    assert 1.5 < offloaded.total_s / plain.total_s < 15
+
+
+def test_zero3_is_slower_than_zero2_on_a_slow_inter_node_link():
+    """Per micro step ZeRO-2 reduce-scatters the gradients once; ZeRO-3 also gathers every
+    parameter twice. One micro step: 3 buffers against 2 (reduce-scatter, then the all-gather
+    after the step); four: 12 against 5."""
+    single = estimate_step_time(TWO_NODES, MODEL, H100, inter_node_gbps=10)
+    single3 = estimate_step_time(
+        dataclasses.replace(TWO_NODES, stage=3), MODEL, H100, inter_node_gbps=10
+    )
+    assert single3.exposed_comm_s / single.exposed_comm_s == pytest.approx(3 / 2, rel=0.02)
+    accumulating = dataclasses.replace(TWO_NODES, grad_accum=4)
+    zero2 = estimate_step_time(accumulating, MODEL, H100, inter_node_gbps=10)
+    zero3 = estimate_step_time(
+        dataclasses.replace(accumulating, stage=3), MODEL, H100, inter_node_gbps=10
+    )
+    assert zero3.exposed_comm_s > 2 * zero2.exposed_comm_s
+    assert zero3.total_s > 2 * zero2.total_s
+
+
+def test_zero3_is_near_zero2_inside_an_nvlink_node():
+    """ms-swift's Qwen2.5-14B on 8 A800s: ZeRO-3 10.56 s against ZeRO-2 10.32 s per step."""
+    busy = dataclasses.replace(ONE_NODE, micro_batch=1, seq_len=8192, grad_accum=2)
+    zero2 = estimate_step_time(busy, MODEL, H100)
+    zero3 = estimate_step_time(dataclasses.replace(busy, stage=3), MODEL, H100)
+    # the gap is ZeRO-3's per-layer hooks, not communication
+    assert zero3.total_s == pytest.approx(zero2.total_s, rel=0.15)
+    assert zero3.total_s > zero2.total_s
+    assert zero3.exposed_comm_s < 0.05 * zero3.total_s  # NVLink gathers hide under compute
+
+
+def test_a_slow_network_makes_zero3_across_nodes_many_times_slower():
+    """tests/data/step_times_public.md: ZeRO-3 across nodes on 10GbE is 3.5-22x slower (the
+    more compute a step has, the less of the gathers' time is added to it)."""
+    busy = dataclasses.replace(ONE_NODE, stage=3, micro_batch=1, seq_len=8192, grad_accum=2)
+    one_node = estimate_step_time(busy, MODEL, H100)
+    across = estimate_step_time(
+        dataclasses.replace(busy, world_size=16), MODEL, H100, inter_node_gbps=10
+    )
+    assert across.total_s / one_node.total_s > 3.5
+    assert across.exposed_comm_s > 0.8 * across.total_s
+
+
+def test_checkpointing_adds_about_a_third_of_compute():
+    plain = estimate_step_time(ONE_NODE, MODEL, H100)
+    recomputed = estimate_step_time(
+        dataclasses.replace(ONE_NODE, gradient_checkpointing=True), MODEL, H100
+    )
+    assert recomputed.recompute_s / plain.compute_s == pytest.approx(1 / 3, rel=0.1)
+    # whole steps: the public rows see +11-26 %; the compute share of a step sets where it lands
+    assert 1.1 < recomputed.total_s / plain.total_s < 1.4
+
+
+def test_more_tokens_per_micro_step_raise_efficiency():
+    for gpu in (H100, lookup("A100-80GB"), lookup("RTX4090")):
+        rates = [compute_efficiency(gpu, tokens) for tokens in (64, 512, 4096, 32768)]
+        assert rates == sorted(rates) and rates[0] < 0.7 * rates[-1]
+    short = dataclasses.replace(ONE_NODE, micro_batch=1, seq_len=256)
+    small = estimate_step_time(short, MODEL, H100)
+    large = estimate_step_time(ONE_NODE, MODEL, H100)
+    assert small.mfu < 0.5 * large.mfu  # the fixed costs weigh on short micro steps
+
+
+def test_gradient_accumulation_amortizes_the_optimizer_step():
+    once = estimate_step_time(ONE_NODE, MODEL, H100)
+    accumulated = estimate_step_time(dataclasses.replace(ONE_NODE, grad_accum=8), MODEL, H100)
+    assert accumulated.gpu_optimizer_s == once.gpu_optimizer_s
+    assert accumulated.total_s < 8 * once.total_s
+    assert accumulated.tokens_per_s_per_gpu > once.tokens_per_s_per_gpu
+
+
+def test_ring_moves_n_minus_one_over_n_of_the_buffer():
+    assert ring_seconds(8e9, 1, 100) == 0
+    assert ring_seconds(8e9, 8, 100) == pytest.approx(7 / 8 * 8e9 / 100e9)
+
+
+def test_lora_communicates_and_steps_only_the_adapters():
+    zero2 = dataclasses.replace(TWO_NODES, stage=2)
+    full = estimate_step_time(zero2, MODEL, H100, inter_node_gbps=10)
+    lora = estimate_step_time(
+        zero2, MODEL, H100, inter_node_gbps=10, trainable_params=MODEL.params // 100
+    )
+    assert lora.exposed_comm_s < 0.05 * full.exposed_comm_s
+    assert lora.gpu_optimizer_s == pytest.approx(full.gpu_optimizer_s / 100, rel=0.01)
+    assert lora.compute_s < full.compute_s  # no weight gradients for the frozen weights

@@ -1,0 +1,72 @@
+"""benchmarks/step_times_public.py runs on a slice of the public rows and on the H100 calibration
+runs, and its scoring helpers count what they claim.
+
+Run: .venv/bin/python -m pytest tests/speed/test_step_times_public_bench.py -q   (a few s)
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _bench():
+    path = ROOT / "benchmarks" / "step_times_public.py"
+    spec = importlib.util.spec_from_file_location("step_times_public", path)
+    bench = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = bench  # dataclasses look their module up while it is executed
+    spec.loader.exec_module(bench)
+    return bench
+
+
+BENCH = _bench()
+
+
+def test_runs_on_a_slice_and_prints_every_table(capsys):
+    assert BENCH.main(["--limit", "30", "--rows"]) == 0
+    out = capsys.readouterr().out
+    assert "public rows: 30, predicted: 24, left out: 6" in out
+    assert "left out   6: QLoRA" in out
+    assert "QwenLM/Qwen:README.md" in out
+    assert "fastest picked (within 5 %)" in out
+    assert "H100 calibration runs" in out
+    assert "qwen1-1.8b-lora-seq256" in out
+
+
+def test_every_left_out_row_has_a_reason_and_the_rest_predict():
+    rows = BENCH.read_rows(None)
+    predictions, left_out, _ = BENCH.predict_rows(rows)
+    assert len(predictions) + sum(left_out.values()) == len(rows)
+    assert len(predictions) >= 50
+    assert all(p.predicted > 0 for p in predictions)
+
+
+def test_a_row_lacking_the_micro_batch_is_left_out_with_its_reason():
+    row = BENCH.read_rows(1)[0]
+    row["setup"]["micro_batch"] = None
+    assert BENCH.why_not_expressible(row) == "setup lacks micro_batch"
+
+
+@pytest.mark.parametrize(
+    "text, gbits, assumed",
+    [
+        ("Ethernet 10Gbps (NCCL socket, no IB)", 10, False),
+        ("NVLink; RDMA 400Gb/s per GPU", 3200, False),
+        (None, 100, True),
+        ("RoCE disabled (NCCL_IB_DISABLE=1)", None, False),
+    ],
+)
+def test_the_network_is_read_from_the_rows_words(text, gbits, assumed):
+    assert BENCH.inter_node_gbits({"interconnect": text, "gpus_per_node": 8}) == (gbits, assumed)
+
+
+def test_kendall_tau_b():
+    assert BENCH.kendall_tau_b([1, 2, 3], [10, 20, 30]) == 1
+    assert BENCH.kendall_tau_b([1, 2, 3], [30, 20, 10]) == -1
+    assert BENCH.kendall_tau_b([1, 1], [1, 2]) is None
+    assert BENCH.kendall_tau_b([1, 2, 3, 4], [1, 3, 2, 4]) == pytest.approx(2 / 3)
