@@ -444,3 +444,29 @@ def test_plan_says_when_it_estimated_padded_batches(capsys):
     assert "--no-padding" in capsys.readouterr().out
     assert main(base + ["--no-padding"]) == 0
     assert "--no-padding" not in capsys.readouterr().out
+
+
+def test_estimate_json_carries_the_step_time(capsys):
+    """The speed model's fields (zerofit.speed.step_time): the terms add up to the step, and
+    offloading the optimizer to the CPU makes the same step slower, its time in CPUAdam."""
+    out = _json(capsys, FULL)
+    assert out["step_time_s"] > 0 and out["tokens_per_s_per_gpu"] > 0 and 0 < out["mfu"] < 1
+    assert sum(out["time_breakdown"].values()) == pytest.approx(out["step_time_s"], abs=0.01)
+    tokens = 2 * 1024  # micro 2 x seq 1024, one micro step
+    assert out["tokens_per_s_per_gpu"] == pytest.approx(tokens / out["step_time_s"], rel=0.01)
+    argv = list(FULL)
+    argv[argv.index("--offload-optimizer") + 1] = "cpu"
+    offloaded = _json(capsys, argv)
+    assert offloaded["step_time_s"] > out["step_time_s"]
+    assert offloaded["time_breakdown"]["cpu_optimizer_s"] > 0
+
+
+def test_estimate_human_output_has_the_speed_line(capsys):
+    assert main(["estimate", "--model", "qwen2.5-0.5b", "--gpu", "H100-SXM"]) == 0
+    out = capsys.readouterr().out
+    assert "s per optimizer step" in out and "tokens/s per GPU" in out
+    assert main(["estimate", "--model", "qwen2.5-0.5b", "--workload", "grpo"]) == 0
+    assert "speed: not estimated for grpo" in capsys.readouterr().out
+    assert _json(capsys, ["estimate", "--model", "qwen2.5-0.5b", "--workload", "grpo", "--json"])[
+        "step_time_s"
+    ] is None

@@ -62,6 +62,10 @@ JSON_KEYS = [
     "pin_memory",
     "cpu_gib_unpinned",
     "from_files",
+    "step_time_s",
+    "tokens_per_s_per_gpu",
+    "mfu",
+    "time_breakdown",
 ]
 
 

@@ -88,6 +88,12 @@ class EstimateReport:
     pin_memory: bool
     cpu_gib_unpinned: float | None
     from_files: tuple[str, ...]  # inputs read from the user's config files
+    # seconds per optimizer step and what they give (speed/step_time.py; None for grpo, whose
+    # generation time is not modeled); across nodes at DEFAULT_INTER_NODE_GBITS per node
+    step_time_s: float | None = None
+    tokens_per_s_per_gpu: float | None = None
+    mfu: float | None = None
+    time_breakdown: dict[str, float] | None = None
 
     @property
     def option(self) -> TrainingOption:
@@ -241,7 +247,24 @@ def build_estimate_report(
         cpu_gib_unpinned=unpinned_cpu_gib,
         from_files=tuple(sorted(key for key in files if key != "buckets"))
         + (("buckets",) if "buckets" in files else ()),
+        **_speed_fields(model, setup, gpu),
     )
+
+
+def _speed_fields(model, setup: TrainSetup, gpu) -> dict[str, Any]:
+    """The report's speed fields: speed/step_time.py's estimate of one optimizer step (GRPO's
+    generation is not modeled, so its fields stay None)."""
+    from zerofit.speed.step_time import estimate_step_time
+
+    if setup.workload == "grpo":
+        return {}
+    step = estimate_step_time(setup, model, gpu)
+    return {
+        "step_time_s": round(step.total_s, 3),
+        "tokens_per_s_per_gpu": round(step.tokens_per_s_per_gpu, 1),
+        "mfu": round(step.mfu, 3),
+        "time_breakdown": step.breakdown(),
+    }
 
 
 def _unpinned_and_padding_gib(

@@ -148,6 +148,7 @@ def run(args) -> int:
     # width, cutting a long model path mid-word
     console.print(render_heading(report), highlight=False)
     console.print(render_breakdown(report))
+    console.print(render_speed(report), highlight=False)
     for line in render_notes(report):
         console.print(line)
     return 0
@@ -184,6 +185,26 @@ def render_breakdown(report: EstimateReport):
     table.add_row("+ safety margin", f"{report.safety_margin_gib:.2f}")
     table.add_row("[bold]the GPU must hold[/bold]", f"[bold]{report.gpu_need_gib:.2f}[/bold]")
     return table
+
+
+def render_speed(report: EstimateReport) -> str:
+    """One line: seconds per optimizer step, tokens/s per GPU and MFU, and where the time goes
+    (zerofit.speed.step_time)."""
+    if report.step_time_s is None or report.time_breakdown is None:
+        return f"speed: not estimated for {report.workload} (generation time is not modeled)"
+    terms = report.time_breakdown
+    parts = {
+        "compute": terms["compute_s"] + terms["recompute_s"],
+        "communication": terms["exposed_comm_s"],
+        "offload": terms["offload_transfer_s"] + terms["cpu_optimizer_s"],
+        "optimizer": terms["gpu_optimizer_s"],
+        "fixed costs": terms["overhead_s"],
+    }
+    where = ", ".join(f"{name} {seconds:.2f} s" for name, seconds in parts.items() if seconds)
+    return (
+        f"speed: ~{report.step_time_s:.2f} s per optimizer step, "
+        f"{report.tokens_per_s_per_gpu:,.0f} tokens/s per GPU, MFU {report.mfu:.0%} ({where})"
+    )
 
 
 def render_notes(report: EstimateReport) -> list[str]:
