@@ -43,9 +43,9 @@ class GpuSpec:
 # 400 GB/s); Ada / Ampere PCIe cards (L40S, L4, L20, A10, A40, RTX A6000, GeForce 4090/3090
 # datasheets: memory bandwidth as printed, PCIe Gen4 x16 64 GB/s both ways); V100 SXM2 (V100
 # datasheet: 125 TF fp16, 900 GB/s, NVLink 300 GB/s); T4 (65 TF fp16, 320 GB/s, PCIe Gen3);
-# AMD MI250X (3.2 TB/s per OAM, half per GCD; 8 Infinity Fabric links of 100 GB/s) and MI300X
-# (1,307 TF bf16 dense, 5.3 TB/s, 7 Infinity Fabric links, 896 GB/s in all). link_gbps is one
-# direction: half of the bidirectional figure the datasheets print.
+# AMD MI250X (3.2 TB/s and 800 GB/s of Infinity Fabric links per OAM, half of each per GCD)
+# and MI300X (1,307 TF bf16 dense, 5.3 TB/s, 7 Infinity Fabric links, 896 GB/s in all).
+# link_gbps is one direction: half of the bidirectional figure the datasheets print.
 CATALOG: dict[str, GpuSpec] = {
     g.key: g
     for g in [
@@ -84,7 +84,7 @@ CATALOG: dict[str, GpuSpec] = {
             "nvlink",
             191,
             1638,
-            100,
+            200,
         ),
         GpuSpec(
             "MI300X", "AMD Instinct MI300X 192GB", 191.5, True, True, "nvlink", 1307, 5300, 448

@@ -87,21 +87,22 @@ STAGE3_HOOK_S_PER_LAYER = 0.005
 PCIE_OFFLOAD_GBPS = 25.0
 
 # DeepSpeed CPUAdam (deepspeed/ops/adam/cpu_adam.py ``DeepSpeedCPUAdam.step`` ->
-# csrc/adam/cpu_adam_impl.cpp ``Adam_Optimizer::Step_AVX``) streams, per parameter, the fp32
-# master, grad, exp_avg and exp_avg_sq in and the master and both states out: 28 bytes, and the
-# 16-bit copy for the GPU, 2 more. Effective host memory bandwidth per node, 27 GB/s: the
-# DeepSpeed issue 6695 rows (ds6695-llama2-0.3b-offload-cpu 0.31 s and -1.2b-offload-cpu 1.5 s
-# optimizer step: 29 and 24 GB/s at 30 bytes per parameter; 27 GB/s their mean) and ZenFlow's
-# core-binding rows agree (zenflow-bind-qwen2.5-3b-a100-40gbx2-offload*: 2.5-2.9 s whole steps
-# for 3.1B parameters, at most ~35 GB/s). A server's STREAM bandwidth is higher (100-300 GB/s);
-# CPUAdam's vector loop with the OpenMP threads DeepSpeed starts does not reach it.
+# ops/csrc/adam/cpu_adam_impl.cpp ``Adam_Optimizer::Step_8`` -> ``Step_AVX``) streams, per
+# parameter, the fp32 master, grad, exp_avg and exp_avg_sq in and the master and both states
+# out: 28 bytes, and the 16-bit copy for the GPU, 2 more. Effective host memory bandwidth per
+# node, 27 GB/s: the DeepSpeed issue 6695 rows (ds6695-llama2-0.3b-offload-cpu 0.31 s and
+# ds6695-llama2-1.2b-offload-cpu 1.5 s per optimizer step: 29 and 24 GB/s at 30 bytes per
+# parameter, 27 GB/s their mean); ZenFlow's core-binding rows agree
+# (zenflow-bind-qwen2.5-3b-a100-40gbx2-offload*: 2.5-2.9 s whole steps for 3.1B parameters, at
+# most ~35 GB/s). A server's STREAM bandwidth is higher (100-300 GB/s); CPUAdam's vector loop
+# with the OpenMP threads DeepSpeed starts does not reach it.
 CPU_ADAM_HOST_GBPS = 27.0
 CPU_ADAM_BYTES_PER_PARAM = 30
 
 # fused / foreach Adam on the GPU: per trainable parameter of this rank's partition, fp32 master,
 # exp_avg and exp_avg_sq read and written (24), the fp32 gradient read (4), the 16-bit weight
-# written (2). torch/optim/adamw.py ``_fused_adamw`` / ``_multi_tensor_adamw``; DeepSpeed's
-# FusedAdam (deepspeed/ops/adam/fused_adam.py) the same.
+# written (2). torch/optim/adam.py ``_fused_adam`` / ``_multi_tensor_adam`` (AdamW runs them with
+# decoupled weight decay); DeepSpeed's FusedAdam (deepspeed/ops/adam/fused_adam.py) the same.
 GPU_ADAM_BYTES_PER_PARAM = 30
 
 # NCCL's ring reaches ~80 % of a link's datasheet bandwidth (nccl-tests' bus bandwidth on
@@ -210,8 +211,8 @@ def communication_seconds(
       ``average_tensor``), since a rank keeps only its partition.
     - stage 3: every micro step all-gathers the parameters in forward and again in backward
       (runtime/zero/partitioned_param_coordinator.py ``fetch_sub_module`` ->
-      partition_parameters.py ``all_gather_coalesced``) and reduce-scatters the gradients
-      (stage3.py ``DeepSpeedZeroOptimizer_Stage3.__reduce_and_partition_ipg_grads`` ->
+      partition_parameters.py ``Init``'s ``all_gather_coalesced``) and reduce-scatters the
+      gradients (stage3.py ``DeepSpeedZeroOptimizer_Stage3.__reduce_and_partition_ipg_grads`` ->
       ``reduce_scatter_coalesced``); frozen weights are gathered all the same.
     """
     ranks = setup.world_size
@@ -234,10 +235,11 @@ def communication_seconds(
 def offload_seconds(setup: TrainSetup, model: ModelSpec, trainable: int) -> tuple[float, float]:
     """(PCIe transfer seconds, CPUAdam seconds) of one step's optimizer / parameter offload.
 
-    Optimizer offload: each micro step copies this rank's gradient partition to the host in
-    fp32 (stage_1_and_2.py ``async_accumulate_grad_in_cpu_via_gpu``; stage3.py
-    ``_DeepSpeedZeroOptimizer_Stage3__partition_grads`` into the pinned fp32 buffer), the step
-    copies the updated 16-bit partition back; CPUAdam then steps every partition of the node.
+    Optimizer offload: each micro step copies this rank's gradient partition to the host in the
+    16-bit compute dtype (stage_1_and_2.py ``async_accumulate_grad_in_cpu_via_gpu``: a pinned
+    buffer of ``param.dtype``; stage3.py ``DeepSpeedZeroOptimizer_Stage3.partition_grads``), the
+    step copies the updated 16-bit partition back; CPUAdam then steps every partition of the
+    node.
     Parameter offload (stage 3): every micro step brings each partition over twice, forward and
     backward (partitioned_param_coordinator.py ``fetch_sub_module`` from the host copy).
     """
@@ -246,7 +248,7 @@ def offload_seconds(setup: TrainSetup, model: ModelSpec, trainable: int) -> tupl
     cpu_adam = 0.0
     if setup.offload_optimizer != "none":
         partition = trainable / ranks
-        transfer_bytes += setup.grad_accum * partition * 4 + partition * 2
+        transfer_bytes += setup.grad_accum * partition * 2 + partition * 2
         params_on_node = trainable * min(setup.gpus_per_node, ranks) / ranks
         cpu_adam = params_on_node * CPU_ADAM_BYTES_PER_PARAM / (CPU_ADAM_HOST_GBPS * 1e9)
     if setup.offload_param != "none" and setup.stage == 3:
