@@ -74,7 +74,7 @@ def _padded_mask(torch, batch: int, seq: int):
 @pytest.mark.parametrize("checkpointing", [False, True])
 def test_stored_activations_match_autograd(checkpointing):
     traced = _saved_bytes(checkpointing)
-    predicted = act.stored_activation_bytes(TINY, 2, 2 * 64, 2, 64, "sdpa", checkpointing)
+    predicted = act.stored_activation_bytes(TINY, 2, act.LayerBatch(2, 64, "sdpa"), checkpointing)
     # the remainder is token ids and the shared RoPE cos/sin tables
     assert predicted == pytest.approx(traced, rel=0.03)
 
@@ -88,7 +88,8 @@ def test_fp32_weights_under_autocast_keep_an_fp32_residual_and_weight_casts(chec
 
     traced = _saved_bytes(checkpointing, autocast_fp32_weights=True)
     tiny = _with_params(TINY)
-    stored = act.stored_activation_bytes(tiny, 2, 2 * 64, 2, 64, "sdpa", checkpointing, 4)
+    batch = act.LayerBatch(2, 64, "sdpa", residual=4)
+    stored = act.stored_activation_bytes(tiny, 2, batch, checkpointing)
     if checkpointing:
         casts = tiny.vocab_size * tiny.hidden_size * 2  # lm_head's weight (tied), outside
     else:
@@ -116,8 +117,8 @@ def test_qwen3_head_norms_are_counted():
 
     qwen3 = dataclasses.replace(TINY, architecture="qwen3")
     traced = _saved_bytes(False, family="qwen3")
-    predicted = act.stored_activation_bytes(qwen3, 2, 2 * 64, 2, 64, "sdpa", False)
-    assert predicted > act.stored_activation_bytes(TINY, 2, 2 * 64, 2, 64, "sdpa", False)
+    predicted = act.stored_activation_bytes(qwen3, 2, act.LayerBatch(2, 64, "sdpa"), False)
+    assert predicted > act.stored_activation_bytes(TINY, 2, act.LayerBatch(2, 64, "sdpa"), False)
     assert predicted == pytest.approx(traced, rel=0.03)
 
 
@@ -150,7 +151,7 @@ def test_moe_layers_match_autograd(family):
     }
     spec = spec_from_config(config, "probe")
     assert spec.num_experts == 8 and spec.experts_per_token == 2
-    predicted = act.stored_activation_bytes(spec, 2, 2 * 64, 2, 64, "sdpa", False)
+    predicted = act.stored_activation_bytes(spec, 2, act.LayerBatch(2, 64, "sdpa"), False)
     assert predicted == pytest.approx(traced, rel=0.03)
 
 
@@ -163,7 +164,7 @@ def test_other_norm_layouts_match_autograd(family, checkpointing):
 
     traced = _saved_bytes(checkpointing, family=family)
     spec = dataclasses.replace(TINY, architecture=family)
-    predicted = act.stored_activation_bytes(spec, 2, 2 * 64, 2, 64, "sdpa", checkpointing)
+    predicted = act.stored_activation_bytes(spec, 2, act.LayerBatch(2, 64, "sdpa"), checkpointing)
     assert predicted == pytest.approx(traced, rel=0.03)
 
 
@@ -173,8 +174,9 @@ def test_padded_batch_keeps_a_mask_copy_and_repeated_kv_per_layer():
     mask to an additive bf16 copy in every layer, which the kernel saves
     (activations.padded_attention_bytes)."""
     traced = _saved_bytes(False, padded=True)
-    unpadded = act.stored_activation_bytes(TINY, 2, 2 * 64, 2, 64, "sdpa", False)
-    padded = act.stored_activation_bytes(TINY, 2, 2 * 64, 2, 64, "sdpa", False, padded=True)
+    unpadded = act.stored_activation_bytes(TINY, 2, act.LayerBatch(2, 64, "sdpa"), False)
+    padded_batch = act.LayerBatch(2, 64, "sdpa", padded=True)
+    padded = act.stored_activation_bytes(TINY, 2, padded_batch, False)
     per_layer = act.padded_attention_bytes(TINY, 2, 2, 64, "sdpa")
     # K and V at 4 heads instead of 2 (head_dim 32, bf16), plus the [2, 1, 64, 64] bf16 mask
     assert per_layer == 2 * 64 * 2 * (4 - 2) * 32 * 2 + 2 * 64 * 64 * 2

@@ -114,7 +114,7 @@ def test_gemma2_runs_eager_attention_and_keeps_softcapped_scores():
     assert act.activations_basis(model, 2, "flash_attention_2") == "traced"
     # the scores dominate a long sequence: 8k tokens keep more than the per-token tensors
     seq = 8192
-    stored = act.stored_activation_bytes(model, 2, seq, 1, seq, "sdpa", False)
+    stored = act.stored_activation_bytes(model, 2, act.LayerBatch(1, seq, "sdpa"), False)
     per_token_only = model.num_layers * eager.per_token * seq
     assert stored > 2 * per_token_only
 

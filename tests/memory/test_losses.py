@@ -92,7 +92,8 @@ def test_dpo_concatenated_forward_stores_both_halves():
         (-out.log_probs.sum()).backward()
 
     _, _, by_kind = tracked_peak(step, model)
-    predicted = act.stored_activation_bytes(spec, 2, 2 * micro * seq, 2 * micro, seq, "sdpa", False)
+    layer_batch = act.LayerBatch(2 * micro, seq, "sdpa")
+    predicted = act.stored_activation_bytes(spec, 2, layer_batch, False)
     print(f"dpo activations: measured {by_kind['ACT']:,} predicted {predicted:,}")
     assert by_kind["ACT"] == pytest.approx(predicted, rel=0.03)
 
@@ -121,8 +122,9 @@ def test_dpo_pairs_collated_by_trl_are_padded_and_keep_the_mask_terms():
         model, lambda: model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
     )
     assert pads_batches(Answers(workload="dpo"), micro=2)
-    predicted = act.stored_activation_bytes(spec, 2, rows * seq, rows, seq, "sdpa", False, 2, True)
-    unpadded = act.stored_activation_bytes(spec, 2, rows * seq, rows, seq, "sdpa", False)
+    padded_batch = act.LayerBatch(rows, seq, "sdpa", residual=2, padded=True)
+    predicted = act.stored_activation_bytes(spec, 2, padded_batch, False)
+    unpadded = act.stored_activation_bytes(spec, 2, act.LayerBatch(rows, seq, "sdpa"), False)
     print(f"dpo padded: measured {measured:,} predicted {predicted:,} (unpadded {unpadded:,})")
     assert measured == pytest.approx(predicted, rel=0.03)
     assert unpadded < measured * 0.97
@@ -238,7 +240,7 @@ def test_dpo_reference_phase_counts_the_policy_graph():
     assert est.phase == "reference"
     assert est.breakdown["policy_logits"] == losses.policy_held_bytes("hf", QWEN25_7B, 2, tokens)
     assert est.breakdown["policy_activations"] == act.stored_activation_bytes(
-        QWEN25_7B, 2, tokens, 2, 4096, "sdpa", True
+        QWEN25_7B, 2, act.LayerBatch(2, 4096, "sdpa"), True
     )
 
 

@@ -266,44 +266,50 @@ def one_layer_bytes(
     return one
 
 
-def stored_activation_bytes(
-    model,
-    a: int,
-    tokens: int,
-    micro_batch: int,
-    seq_len: int,
-    attention: str,
-    checkpointing: bool,
-    residual: int | None = None,
-    padded: bool = False,
-) -> int:
+@dataclass(frozen=True)
+class LayerBatch:
+    """What every decoder layer of a step runs on: ``micro_batch`` sequences of ``seq_len``
+    tokens, through ``attention`` (an ``attn_implementation``), with the residual stream in
+    ``residual`` bytes per element (None: the compute dtype's) and, if ``padded``, a padded
+    batch's mask."""
+
+    micro_batch: int
+    seq_len: int
+    attention: str
+    residual: int | None = None
+    padded: bool = False
+
+    @property
+    def tokens(self) -> int:
+        return self.micro_batch * self.seq_len
+
+
+def _one_layer_of(model, a: int, batch: LayerBatch) -> int:
+    return one_layer_bytes(
+        model, a, batch.micro_batch, batch.seq_len, batch.attention, batch.residual, batch.padded
+    )
+
+
+def stored_activation_bytes(model, a: int, batch: LayerBatch, checkpointing: bool) -> int:
     """Bytes autograd holds at the end of the forward, excluding the logits/loss path."""
     layers = model.num_layers
-    final = final_bytes_per_token(model, a, residual) * tokens
+    final = final_bytes_per_token(model, a, batch.residual) * batch.tokens
     if checkpointing:
         # non-reentrant checkpointing keeps only each layer's input hidden states (and the
         # padded batch's boolean mask, held by every layer's recompute closure)
-        per_layer = (residual or a) * model.hidden_size * tokens
-        mask = padding_mask_bytes(micro_batch, seq_len, attention) if padded else 0
+        per_layer = (batch.residual or a) * model.hidden_size * batch.tokens
+        mask = 0
+        if batch.padded:
+            mask = padding_mask_bytes(batch.micro_batch, batch.seq_len, batch.attention)
         return layers * per_layer + final + mask
-    per_layer = one_layer_bytes(model, a, micro_batch, seq_len, attention, residual, padded)
-    return layers * per_layer + final
+    return layers * _one_layer_of(model, a, batch) + final
 
 
-def recompute_bytes(
-    model,
-    a: int,
-    tokens: int,
-    micro_batch: int,
-    seq_len: int,
-    attention: str,
-    residual: int | None = None,
-    padded: bool = False,
-) -> int:
+def recompute_bytes(model, a: int, batch: LayerBatch) -> int:
     """One layer recomputed in backward under checkpointing, plus its gradient temporaries
     (grad of the hidden states in and out, and the widest MLP gradient)."""
-    one = one_layer_bytes(model, a, micro_batch, seq_len, attention, residual, padded)
-    return one + backward_temporaries_bytes(model, a, tokens, residual)
+    temporaries = backward_temporaries_bytes(model, a, batch.tokens, batch.residual)
+    return _one_layer_of(model, a, batch) + temporaries
 
 
 def backward_temporaries_bytes(model, a: int, tokens: int, residual: int | None = None) -> int:

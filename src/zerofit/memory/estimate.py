@@ -253,23 +253,13 @@ def activation_bytes(model, setup: TrainSetup, sizes: StepSizes) -> ActivationBy
     """Activations of one micro batch at the forward's end, through backward and at its end."""
     compute, residual = sizes.compute_bytes, sizes.residual_bytes
     tokens, sequences = sizes.tokens, sizes.sequences
-    stored = act.stored_activation_bytes(
-        model,
-        compute,
-        tokens,
-        sequences,
-        setup.seq_len,
-        setup.attention,
-        setup.gradient_checkpointing,
-        residual,
-        setup.padded,
-    )
+    batch = act.LayerBatch(sequences, setup.seq_len, setup.attention, residual, setup.padded)
+    stored = act.stored_activation_bytes(model, compute, batch, setup.gradient_checkpointing)
     # fp32 weights under autocast: the cast copies live from the forward until autocast exits,
     # and stay saved for backward unless checkpointing drops them (recomputed one layer a time)
     casts = st.autocast_weight_bytes(model, compute) if sizes.weight_bytes > compute else 0
-    layer_shape = (sequences, setup.seq_len, setup.attention, residual, setup.padded)
     if setup.gradient_checkpointing:
-        recompute = act.recompute_bytes(model, compute, tokens, *layer_shape)
+        recompute = act.recompute_bytes(model, compute, batch)
         # the first layer's backward: its recomputed layer and its own saved input (and the
         # padded batch's boolean mask, which that layer's recompute closure still holds)
         last_layer = recompute + residual * model.hidden_size * tokens
@@ -280,7 +270,9 @@ def activation_bytes(model, setup: TrainSetup, sizes: StepSizes) -> ActivationBy
         casts_in_backward = (lm_head + st.layer_params(model)) * compute if casts else 0
         return ActivationBytes(stored, stored + recompute, last_layer, casts, casts_in_backward)
     temporaries = act.backward_temporaries_bytes(model, compute, tokens, residual)
-    one_layer = act.one_layer_bytes(model, compute, *layer_shape)
+    one_layer = act.one_layer_bytes(
+        model, compute, sequences, setup.seq_len, setup.attention, residual, setup.padded
+    )
     return ActivationBytes(stored, stored + temporaries, one_layer + temporaries, casts, casts)
 
 
