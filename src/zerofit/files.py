@@ -13,9 +13,10 @@ from zerofit.errors import ZerofitError
 def write_files(outdir, files: dict[str, str], force: bool = False) -> list[Path]:
     """Write ``files`` ({name: text}) into ``outdir``; return the written paths.
 
-    Names may hold subdirectories. Every target is checked before anything is written: without ``force`` an existing file
-    aborts the whole set. Each file goes to a temporary file in the same directory first and is
-    moved into place with ``os.replace``, so a reader never sees a truncated file.
+    Names may hold subdirectories. Every target is checked before anything is written: without
+    ``force`` an existing file aborts the whole set. Each file goes to a temporary file in the same
+    directory first and is moved into place with ``os.replace``, so a reader never sees a
+    truncated file.
     """
     out = Path(outdir)
     if out.exists() and not out.is_dir():
@@ -52,7 +53,7 @@ def write_files(outdir, files: dict[str, str], force: bool = False) -> list[Path
     staged: list[tuple[str, Path]] = []
     placed: list[Path] = []
     try:
-        for target, text in zip(targets, files.values()):
+        for target, text in zip(targets, files.values(), strict=True):
             staged.append((_write_temp(target, text), target))
         for tmp, target in staged:
             if force:
