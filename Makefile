@@ -55,6 +55,7 @@ cluster-deps:
 test: export PATH := $(CURDIR)/.venv/bin:$(PATH)
 test: export TORCH_EXTENSIONS_DIR ?= $(EXTENSIONS_DIR)
 test: $(STAMP) cluster-deps
+	.venv/bin/ruff check .
 	$(PY) tests/warm_ops.py
 	$(PY) -m pytest -q -p no:cacheprovider --durations=25
 

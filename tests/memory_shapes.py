@@ -18,32 +18,62 @@ TINY_DECODER = dict(
 )
 
 
-def _spec(name, arch, h, i, layers, heads, kv, d, vocab, tied, params):
+def _dense_spec(name: str, architecture: str, params: int, **shape) -> ModelSpec:
+    """A dense model's ModelSpec: every parameter is active."""
     return ModelSpec(
-        name=name,
-        architecture=arch,
-        hidden_size=h,
-        intermediate_size=i,
-        num_layers=layers,
-        num_heads=heads,
-        num_kv_heads=kv,
-        head_dim=d,
-        vocab_size=vocab,
-        tie_embeddings=tied,
-        params=params,
-        active_params=params,
+        name=name, architecture=architecture, params=params, active_params=params, **shape
     )
 
 
-QWEN25_05B = _spec(
-    "qwen2.5-0.5b", "Qwen2ForCausalLM", 896, 4864, 24, 14, 2, 64, 151936, True, 494_032_768
+QWEN25_05B = _dense_spec(
+    "qwen2.5-0.5b",
+    "Qwen2ForCausalLM",
+    494_032_768,
+    hidden_size=896,
+    intermediate_size=4864,
+    num_layers=24,
+    num_heads=14,
+    num_kv_heads=2,
+    head_dim=64,
+    vocab_size=151936,
+    tie_embeddings=True,
 )
-QWEN25_7B = _spec(
-    "qwen2.5-7b", "Qwen2ForCausalLM", 3584, 18944, 28, 28, 4, 128, 152064, False, 7_615_616_512
+QWEN25_7B = _dense_spec(
+    "qwen2.5-7b",
+    "Qwen2ForCausalLM",
+    7_615_616_512,
+    hidden_size=3584,
+    intermediate_size=18944,
+    num_layers=28,
+    num_heads=28,
+    num_kv_heads=4,
+    head_dim=128,
+    vocab_size=152064,
+    tie_embeddings=False,
 )
-QWEN25_72B = _spec(
-    "qwen2.5-72b", "Qwen2ForCausalLM", 8192, 29568, 80, 64, 8, 128, 152064, False, 72_706_203_648
+QWEN25_72B = _dense_spec(
+    "qwen2.5-72b",
+    "Qwen2ForCausalLM",
+    72_706_203_648,
+    hidden_size=8192,
+    intermediate_size=29568,
+    num_layers=80,
+    num_heads=64,
+    num_kv_heads=8,
+    head_dim=128,
+    vocab_size=152064,
+    tie_embeddings=False,
 )
-LLAMA31_70B = _spec(
-    "llama-3.1-70b", "LlamaForCausalLM", 8192, 28672, 80, 64, 8, 128, 128256, False, 70_553_706_496
+LLAMA31_70B = _dense_spec(
+    "llama-3.1-70b",
+    "LlamaForCausalLM",
+    70_553_706_496,
+    hidden_size=8192,
+    intermediate_size=28672,
+    num_layers=80,
+    num_heads=64,
+    num_kv_heads=8,
+    head_dim=128,
+    vocab_size=128256,
+    tie_embeddings=False,
 )

@@ -1,4 +1,5 @@
-"""Compatibility matrix: every shipped preset and generated config under every client users feed it to.
+"""Compatibility matrix: every shipped preset and generated config under every client users feed
+it to.
 
     .venv/bin/python tests/warm_ops.py   # once: shm comm + cpu_adam ops
     .venv/bin/python -m pytest tests/configs/test_compat_matrix.py -q
@@ -24,8 +25,8 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO, build_plan, find_free_port, write_tiny_model_dir
+
 from zerofit.configs.check import check_files
 from zerofit.configs.outputs import render_files
 from zerofit.files import write_files
@@ -37,28 +38,22 @@ WORLD = 2
 
 
 def _generated(root: Path, name: str, **answers) -> Path:
-    """zerofit config output for 2 GPUs, micro 2 x accumulation 2 (absolute deepspeed_config_file)."""
+    """zerofit config output for 2 GPUs, micro 2 x accumulation 2 (absolute
+    deepspeed_config_file)."""
     out = root / name
     plan = build_plan(hidden_size=64, gpus_per_node=WORLD, micro_batch=2, grad_accum=2, **answers)
     write_files(out, render_files(plan, ds_config_file=str(out / "ds_config.json")))
     return out
 
 
-def _cell(
-    cid, client, expect="ok", stage=None, precision="bf16", micro=2, accum=1, check=None, **extra
-):
-    """A cell: what runs, and what must come out (facts of the engine, or a failure check names)."""
-    return dict(
-        id=cid,
-        client=client,
-        expect=expect,
-        stage=stage,
-        precision=precision,
-        micro=micro,
-        accum=accum,
-        check=check,
-        **extra,
-    )
+# what a cell runs with unless it says otherwise
+CELL_DEFAULTS = dict(expect="ok", stage=None, precision="bf16", micro=2, accum=1, check=None)
+
+
+def _cell(cid: str, client: str, **settings) -> dict:
+    """A cell: what runs, and what must come out (facts of the engine, or a failure check
+    names); ``settings`` override CELL_DEFAULTS and add the client's own keys."""
+    return dict(id=cid, client=client, **{**CELL_DEFAULTS, **settings})
 
 
 def build_cells(root: Path) -> list[dict]:
@@ -78,7 +73,8 @@ def build_cells(root: Path) -> list[dict]:
         )
     ds2, ds3 = str(PRESETS / "zero2.json"), str(PRESETS / "zero3.json")
     cells.append(_cell("preset zero2 | Trainer fp32", "trainer", stage=2, ds=ds2, precision="fp32"))
-    # fp16 for real: trains on a GPU; on a CPU DeepSpeed refuses fp16, which is why the finalise cells exist
+    # fp16 for real: trains on a GPU; on a CPU DeepSpeed refuses fp16, which is why the finalise
+    # cells exist
     cells.append(
         _cell(
             "preset zero2 | Trainer --fp16 (real)",
@@ -253,8 +249,8 @@ def matrix(tmp_path_factory):
     """Run every cell in one 2-process job; {cell id: (cell, result)} plus the wall time."""
     root = tmp_path_factory.mktemp("matrix")
     model_dir = write_tiny_model_dir(root / "tiny-qwen2")
-    from transformers import AutoConfig, AutoModelForCausalLM
     import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     torch.manual_seed(0)
     AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir)).save_pretrained(
@@ -278,7 +274,8 @@ def matrix(tmp_path_factory):
         WANDB_DISABLED="true",
     )
     # the YAMLs are used from another directory than the repository's (cwd = the tmp root) on
-    # purpose: generated YAMLs name their JSON absolutely; the presets need the repo root (cwd cells).
+    # purpose: generated YAMLs name their JSON absolutely; the presets need the repo root (cwd
+    # cells).
     cmd = [
         sys.executable,
         "-m",

@@ -16,10 +16,10 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO, build_plan
-from zerofit.files import write_files
+
 from zerofit.configs.outputs import render_files
+from zerofit.files import write_files
 
 pytestmark = pytest.mark.distributed
 SCRIPT = REPO / "tests" / "scripts" / "tiny_train.py"
@@ -45,7 +45,8 @@ def _launch(config: Path, port: int, cwd: Path, extra: list[str] = ()) -> dict:
     proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
-    line = next((l for l in proc.stdout.splitlines() if l.startswith("ZEROFIT_TINY_TRAIN")), None)
+    marker = "ZEROFIT_TINY_TRAIN"
+    line = next((text for text in proc.stdout.splitlines() if text.startswith(marker)), None)
     assert line, out[-4000:]
     return dict(re.findall(r"(\w+)=(\S+)", line))
 
@@ -72,7 +73,8 @@ def test_cpu_optimizer_offload_uses_deepspeed_cpu_adam(tmp_path, free_port):
     config = _generated(tmp_path, stage=2, precision="bf16", offload_optimizer="cpu")
     got = _launch(config, free_port, tmp_path)
     assert got["stage"] == "2" and got["world"] == "2"
-    # accelerate swapped the script's torch AdamW for DeepSpeedCPUAdam (zero_force_ds_cpu_optimizer default)
+    # accelerate swapped the script's torch AdamW for DeepSpeedCPUAdam (its
+    # zero_force_ds_cpu_optimizer default)
     assert got["optimizer"] == "DeepSpeedCPUAdam"
 
 

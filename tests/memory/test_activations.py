@@ -1,14 +1,16 @@
-"""Analytic activation bytes vs the tensors autograd really saves in transformers' Qwen2 (CPU, tiny).
+"""Analytic activation bytes vs the tensors autograd really saves in transformers' Qwen2 (CPU,
+tiny).
 
-Run: .venv/bin/python -m pytest tests/memory/test_activations.py -q   (~10 s, mostly importing transformers)
+Run: .venv/bin/python -m pytest tests/memory/test_activations.py -q
+(~10 s, mostly importing transformers)
 """
 
 from __future__ import annotations
 
 import pytest
-
 from memory_probe import saved_tensor_bytes
 from memory_shapes import TINY_DECODER, ModelSpec
+
 from zerofit.memory import activations as act
 
 TINY = ModelSpec(

@@ -10,9 +10,9 @@ import dataclasses
 import json
 
 import pytest
-
 from conftest import REPO
 from memory_shapes import TINY_DECODER
+
 from zerofit.memory import activations as act
 from zerofit.memory import layer_trace
 from zerofit.models.resolve import builtin_config, resolve_model, spec_from_config

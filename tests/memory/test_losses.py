@@ -7,9 +7,9 @@ Run: .venv/bin/python -m pytest tests/memory/test_losses.py -q   (~10 s, mostly 
 from __future__ import annotations
 
 import pytest
-
 from memory_probe import saved_tensor_bytes, tracked_peak
-from memory_shapes import TINY_DECODER, ModelSpec, QWEN25_7B
+from memory_shapes import QWEN25_7B, TINY_DECODER, ModelSpec
+
 from zerofit.memory import activations as act
 from zerofit.memory import losses
 

@@ -7,8 +7,8 @@ Run: .venv/bin/python -m pytest tests/memory/test_optimizers.py -q   (~3 s)
 from __future__ import annotations
 
 import pytest
-
 from memory_probe import tracked_peak
+
 from zerofit.memory.optimizers import resolve_optimizer, step_temporary_bytes
 
 # flat ZeRO-1/2 partition (one tensor), and a model-like list of tensors (foreach groups them)
@@ -103,6 +103,7 @@ def test_legacy_foreach_adamw_explains_a_public_traceback():
     square roots (one temporary, today's torch) stay below that floor; the older form's second
     list (``adamw_torch_legacy``) crosses it, as the traceback says."""
     from conftest import REPO
+
     from zerofit.memory.estimate import TrainSetup, estimate_memory
     from zerofit.models.resolve import resolve_model
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-
 from memory_shapes import QWEN25_05B, QWEN25_7B
+
 from zerofit.memory import overheads as oh
 from zerofit.memory.estimate import GIB, TrainSetup, estimate_memory
 

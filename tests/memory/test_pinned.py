@@ -17,8 +17,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-
 from memory_shapes import QWEN25_7B
+
 from zerofit.memory import pinned
 from zerofit.memory import states as st
 from zerofit.memory.ds_config import read_ds_config
@@ -71,8 +71,7 @@ def test_deepspeed_pins_the_offload_buffers_zerofit_counts():
     turns them on when an offload block leaves ``pin_memory`` out."""
     pytest.importorskip("deepspeed")
     from deepspeed.accelerator import abstract_accelerator
-    from deepspeed.runtime.zero import offload_config, partition_parameters, stage3
-    from deepspeed.runtime.zero import stage_1_and_2
+    from deepspeed.runtime.zero import offload_config, partition_parameters, stage3, stage_1_and_2
 
     pin = inspect.getsource(abstract_accelerator.DeepSpeedAccelerator._torch_pin_memory)
     assert "tensor.pin_memory()" in pin

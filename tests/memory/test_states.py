@@ -6,9 +6,9 @@ Run: .venv/bin/python -m pytest tests/memory/test_states.py -q   (~5 s)
 from __future__ import annotations
 
 import pytest
-
 from memory_probe import tracked_peak
 from memory_shapes import QWEN25_7B
+
 from zerofit.memory import states as st
 from zerofit.memory.estimate import TrainSetup
 

@@ -1,6 +1,7 @@
 """Compatibility matrix worker: every (config, client) cell in ONE 2-process job, cell after cell.
 
-    python -m torch.distributed.run --nproc_per_node 2 tests/scripts/compat_matrix.py CELLS.json RESULTS.jsonl
+    python -m torch.distributed.run --nproc_per_node 2 tests/scripts/compat_matrix.py \\
+        CELLS.json RESULTS.jsonl
 
 Used by tests/configs/test_compat_matrix.py, which writes CELLS.json (one dict per cell: id, client,
 ds, yaml, precision, micro, accum, optimizer) and asserts every line of RESULTS.jsonl. Starting
@@ -35,7 +36,8 @@ SEQ = 16
 
 
 def reset_global_state() -> None:
-    """Forget the previous cell: accelerate's singletons, transformers' ZeRO-3 weakref, ACCELERATE_* env."""
+    """Forget the previous cell: accelerate's singletons, transformers' ZeRO-3 weakref,
+    ACCELERATE_* env."""
     from accelerate.state import AcceleratorState, GradientState, PartialState
     from transformers.integrations.deepspeed import unset_hf_deepspeed_config
 
@@ -339,9 +341,9 @@ def main() -> None:
             record = {"id": cell["id"], "ok": True, **facts}
         except Exception as exc:  # noqa: BLE001 - the failure is the cell's result
             lines = [
-                l
-                for l in traceback.format_exception_only(type(exc), exc)[-1].splitlines()
-                if l.strip()
+                text
+                for text in traceback.format_exception_only(type(exc), exc)[-1].splitlines()
+                if text.strip()
             ]
             record = {
                 "id": cell["id"],

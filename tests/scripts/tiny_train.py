@@ -1,9 +1,10 @@
 """Three optimizer steps of a tiny random Qwen2 under `accelerate launch` (CPU or GPU).
 
-    accelerate launch --num_processes 2 --config_file OUT/accelerate.yaml tests/scripts/tiny_train.py
+    accelerate launch --num_processes 2 --config_file OUT/accelerate.yaml \\
+        tests/scripts/tiny_train.py
 
-Used by tests/configs/test_deepspeed_engine.py: asserts a real 2-process world and a finite loss, and
-prints one marker line (`ZEROFIT_TINY_TRAIN ...`) with what the DeepSpeed engine ended up using.
+Used by tests/configs/test_deepspeed_engine.py: asserts a real 2-process world and a finite loss,
+and prints one marker line (`ZEROFIT_TINY_TRAIN ...`) with what the DeepSpeed engine ended up using.
 """
 
 import argparse
@@ -83,7 +84,8 @@ def main() -> None:
         cfg = accelerator.deepspeed_config if accelerator.state.deepspeed_plugin else {}
         print(
             f"ZEROFIT_TINY_TRAIN world={accelerator.num_processes} stage={stage} steps={steps} "
-            f"train_batch_size={cfg.get('train_batch_size')} micro={cfg.get('train_micro_batch_size_per_gpu')} "
+            f"train_batch_size={cfg.get('train_batch_size')} "
+            f"micro={cfg.get('train_micro_batch_size_per_gpu')} "
             f"accum={cfg.get('gradient_accumulation_steps')} optimizer={type(inner).__name__} "
             f"dtype={next(model.parameters()).dtype} loss={value:.4f}",
             flush=True,
