@@ -29,17 +29,13 @@ def pytest_sessionstart(session):
     )
 
 
-# The H100 calibration points: the shared measurements when this machine has them, else the
-# copy kept in tests/data (the same file, so a clean clone elsewhere still runs these tests).
-CALIBRATION = Path("/work/shared/calibration/mem_h100_qwen2.5-0.5b.jsonl")
+# The H100 calibration points (how they were measured: tests/data/mem_h100_qwen2.5-0.5b.md).
+CALIBRATION = REPO / "tests" / "data" / "mem_h100_qwen2.5-0.5b.jsonl"
 
 
 def calibration_points() -> list[dict]:
-    """Every H100 calibration point (one dict per measured run), [] when no copy exists."""
-    path = CALIBRATION if CALIBRATION.exists() else REPO / "tests" / "data" / CALIBRATION.name
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    """Every H100 calibration point (one dict per measured run)."""
+    return [json.loads(line) for line in CALIBRATION.read_text().splitlines() if line.strip()]
 
 
 @pytest.fixture(autouse=True)
