@@ -439,6 +439,26 @@ class Run:
         return self.accelerator.process_index
 
 
+def finish_run(accelerator) -> None:
+    """End the run on every rank together, and on CPU leave without C++ static destructors.
+
+    Both ranks reach the barrier before either tears its process group down. On CPU the gloo /
+    DeepSpeed shm-comm worker threads can still be joinable when the interpreter's static
+    destructors run, and std::terminate then aborts a run that has finished and saved its model
+    ("terminate called without an active exception", SIGABRT, seen under load): there a rank of a
+    multi-process launch flushes and exits directly. A single process, or CUDA (NCCL), exits
+    normally.
+    """
+    import torch
+
+    accelerator.wait_for_everyone()
+    accelerator.end_training()
+    if accelerator.num_processes > 1 and not torch.cuda.is_available():
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
+
+
 def start_run(args: RunArgs, project: str, unit: str, noun: str, group: int = 1) -> Run:
     """The accelerator and a step's batch arithmetic: each rank trains on micro-batch x
     accumulation items; a step takes that x processes / `group` data rows (GRPO: its items are

@@ -322,7 +322,7 @@ def main(argv=None) -> None:
     bar.close()
 
     run_dir.save_final_model(accelerator, model, tok, args.output_dir, "dpo")
-    accelerator.end_training()
+    common.finish_run(accelerator)
 
 
 if __name__ == "__main__":

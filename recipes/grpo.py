@@ -565,7 +565,7 @@ def main(argv=None) -> None:
     bar.close()
 
     run_dir.save_final_model(accelerator, model, tok, args.output_dir, "grpo")
-    accelerator.end_training()
+    common.finish_run(accelerator)
 
 
 if __name__ == "__main__":

@@ -315,7 +315,7 @@ def main(argv=None) -> None:
     bar.close()
 
     run_dir.save_final_model(accelerator, model, tok, args.output_dir, "sft")
-    accelerator.end_training()
+    common.finish_run(accelerator)
 
 
 if __name__ == "__main__":
