@@ -160,26 +160,6 @@ def test_host_ram_is_the_budget_named_when_it_fails():
     assert gpus and (not nodes or gpus[0] < nodes[0])
 
 
-def test_plan_and_estimate_give_one_verdict():
-    from zerofit.planning.report import build_estimate_report
-
-    a = Answers(
-        model="qwen2.5-7b",
-        gpu="L40S",
-        seq_len=2048,
-        host_ram_gib=64.0,
-        stage=2,
-        offload_optimizer="cpu",
-        gradient_checkpointing=True,
-        micro_batch=1,
-        global_batch=1,
-    )
-    p = plan(a)
-    report = build_estimate_report(a)
-    assert p.fits == report.fits is False and report.fits_gpu and not report.fits_host
-    assert p.gpu_need_gib == pytest.approx(report.gpu_need_gib, abs=0.01)
-
-
 @pytest.mark.parametrize("offload, expected", [("none", "adamw_torch"), ("cpu", "ds_cpu_adam")])
 def test_optimizer_block_is_estimated_as_the_optimizer_deepspeed_builds(offload, expected):
     """`--optimizer-block` writes torch_adam without offload: DeepSpeed steps torch AdamW

@@ -77,6 +77,8 @@ def test_plan_estimate_and_wizard_word_one_verdict_alike():
         global_batch=1,
     )
     planned, report = plan(answers), build_estimate_report(answers)
+    assert planned.fits == report.fits is False and report.fits_gpu and not report.fits_host
+    assert planned.gpu_need_gib == pytest.approx(report.gpu_need_gib, abs=0.01)
     need = f"{report.cpu_gib:.1f} GiB of host RAM per node, you gave 64.0 GiB"
     assert plan_verdict(planned) == f"does NOT fit: fits on the GPU but needs {need}"
     assert estimate_verdict(report).startswith("does NOT fit: fits on the GPU (")

@@ -13,6 +13,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 RECIPES = REPO / "recipes"
 BIN = Path(sys.executable).parent
@@ -27,6 +29,16 @@ def load_recipe(name: str):
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def one_line_error(capsys, call) -> str:
+    """Run `call`, expect exit 2 with exactly one line on stderr; return that line."""
+    with pytest.raises(SystemExit) as e:
+        call()
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    return err
 
 
 def free_port() -> int:

@@ -10,19 +10,9 @@ import subprocess
 import sys
 
 import pytest
-from recipe_runs import RECIPES, load_recipe
+from recipe_runs import RECIPES, load_recipe, one_line_error
 
 grpo = load_recipe("grpo")
-
-
-def one_line_error(capsys, call) -> str:
-    """Run `call`, expect exit 2 with exactly one line on stderr; return that line."""
-    with pytest.raises(SystemExit) as e:
-        call()
-    assert e.value.code == 2
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
-    return err
 
 
 # ----------------------------------------------------------------------------- flags

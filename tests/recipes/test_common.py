@@ -16,21 +16,11 @@ import sys
 import time
 
 import pytest
-from recipe_runs import RECIPES, load_recipe, save_tiny_model
+from recipe_runs import RECIPES, load_recipe, one_line_error, save_tiny_model
 
 grpo = load_recipe("grpo")
 common = grpo.common  # the instance grpo uses
 grpo.parse_args([])  # names the program in error lines: "grpo.py: ..."
-
-
-def one_line_error(capsys, call) -> str:
-    """Run `call`, expect exit 2 with exactly one line on stderr; return that line."""
-    with pytest.raises(SystemExit) as e:
-        call()
-    assert e.value.code == 2
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
-    return err
 
 
 # ----------------------------------------------------------------------------- data files

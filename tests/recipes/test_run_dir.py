@@ -15,20 +15,10 @@ import threading
 import time
 
 import pytest
-from recipe_runs import RECIPES, load_recipe
+from recipe_runs import RECIPES, load_recipe, one_line_error
 
 grpo = load_recipe("grpo")
 run_dir = grpo.run_dir  # the instance grpo uses: its errors say "grpo.py: ..."
-
-
-def one_line_error(capsys, call) -> str:
-    """Run `call`, expect exit 2 with exactly one line on stderr; return that line."""
-    with pytest.raises(SystemExit) as e:
-        call()
-    assert e.value.code == 2
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
-    return err
 
 
 def args_for(out, *flags):
