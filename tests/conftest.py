@@ -3,9 +3,11 @@ directories; DeepSpeed's op builds kept in the venv."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import socket
+import sys
 from pathlib import Path
 
 import pytest
@@ -27,6 +29,15 @@ def pytest_sessionstart(session):
     clear_stale_build_locks(
         os.environ.get("TORCH_EXTENSIONS_DIR"), say=lambda line: print(f"conftest: {line}")
     )
+
+
+def load_benchmark(name: str):
+    """``benchmarks/<name>.py`` imported as a module (the benchmarks are scripts, not a package)."""
+    spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up while it is executed
+    spec.loader.exec_module(module)
+    return module
 
 
 # The H100 calibration points (how they were measured: tests/data/mem_h100_qwen2.5-0.5b.md).

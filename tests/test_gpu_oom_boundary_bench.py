@@ -5,14 +5,12 @@ must really train with the installed DeepSpeed and transformers (on CPU, without
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import os
-import sys
 from pathlib import Path
 
 import pytest
-from conftest import calibration_points, find_free_port
+from conftest import calibration_points, find_free_port, load_benchmark
 from memory_shapes import TINY_DECODER
 
 from zerofit.hardware import lookup
@@ -23,16 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 GIB = 1024**3
 
 
-def _bench():
-    path = ROOT / "benchmarks" / "gpu_oom_boundary.py"
-    spec = importlib.util.spec_from_file_location("gpu_oom_boundary", path)
-    bench = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = bench  # dataclasses look their module up while it is executed
-    spec.loader.exec_module(bench)
-    return bench
-
-
-BENCH = _bench()
+BENCH = load_benchmark("gpu_oom_boundary")
 
 
 def _calibration_keys() -> set[tuple]:

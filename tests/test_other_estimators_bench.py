@@ -5,11 +5,11 @@ called with inputs worked out by hand here."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
+from conftest import load_benchmark
 
 from zerofit.models.resolve import resolve_model
 
@@ -18,15 +18,7 @@ DATA_FILES = sorted((ROOT / "tests" / "data").glob("public_reports*.jsonl"))
 GIB = 1024**3
 
 
-def _bench():
-    path = ROOT / "benchmarks" / "other_estimators.py"
-    spec = importlib.util.spec_from_file_location("other_estimators", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    return bench
-
-
-BENCH = _bench()
+BENCH = load_benchmark("other_estimators")
 REPORTS = {r["id"]: r for path in DATA_FILES for r in BENCH.public_reports.load_reports(path)}
 KNOWN = BENCH.public_reports.answer_fields()
 

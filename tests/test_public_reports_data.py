@@ -10,11 +10,11 @@ fields Answers does not know yet are dropped. The verdict itself is benchmarks/p
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
+from conftest import load_benchmark
 
 from zerofit.errors import ZerofitError
 from zerofit.hardware import CATALOG, lookup
@@ -81,7 +81,7 @@ def test_held_out_records_name_their_batch_in_collection_order():
 
 
 def test_the_benchmark_judges_each_collected_batch_as_a_set():
-    bench = _bench()
+    bench = load_benchmark("public_reports")
     sets = bench.report_sets(HOLDOUT)
     assert len(sets) == HELD_OUT[-1]["collected"]
     assert [r["id"] for reports in sets.values() for r in reports] == [r["id"] for r in HELD_OUT]
@@ -158,16 +158,8 @@ def test_report_model_configs_carry_their_shape(path):
     assert spec.params > 0 and spec.num_layers > 0 and spec.vocab_size > 0
 
 
-def _bench():
-    path = ROOT / "benchmarks" / "public_reports.py"
-    spec = importlib.util.spec_from_file_location("public_reports", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    return bench
-
-
 def test_the_benchmark_drops_only_fields_answers_does_not_know():
-    bench = _bench()
+    bench = load_benchmark("public_reports")
     report = REPORTS[0]
     kept, dropped = bench.answers_dict(report, ANSWER_FIELDS)
     assert set(dropped) == set(report["answers"]) - ANSWER_FIELDS
@@ -178,7 +170,7 @@ def test_the_benchmark_drops_only_fields_answers_does_not_know():
 def test_the_benchmark_reads_ds_configs_and_judges_host_ram_only_when_stated(tmp_path):
     """A report's DeepSpeed JSON goes through `zerofit estimate --ds-config`'s own path, and the
     RAM of the machine running the benchmark never judges a reporter's node."""
-    bench = _bench()
+    bench = load_benchmark("public_reports")
     report = next(r for r in REPORTS if r["id"] == "lf5977-3090x8-llama3-8b-z3-offload")
     row = bench.estimate_report(report, ANSWER_FIELDS, tmp_path)
     assert row["status"] == "ok" and "buckets" in row["from_files"]
@@ -206,7 +198,7 @@ def test_the_margin_sweep_finds_the_limits_of_one_uniform_margin():
     both runs fitting allows a margin of 2 GiB, which catches the host one and the two below
     it; catching 14/15 of the four OOMs (all four) needs a margin above 3 GiB, which fails the
     run with 2 GiB to spare; one OOM has more to spare than that run."""
-    bench = _bench()
+    bench = load_benchmark("public_reports")
     rows = [
         _row("ran", 5.0),
         _row("ran", 2.0),
@@ -233,7 +225,7 @@ def test_the_margin_sweep_finds_the_limits_of_one_uniform_margin():
 def test_the_pooled_counts_split_by_whether_the_record_names_open_facts():
     """`together` counts the held-out rows, then again split into those whose record lists
     nothing its report leaves open and those with caveats; an unevaluable row counts nowhere."""
-    bench = _bench()
+    bench = load_benchmark("public_reports")
     rows = [
         {**_row("ran", 5.0), "fits": True, "caveated": False},
         {**_row("oom", -1.0), "fits": False, "caveated": False},
@@ -256,7 +248,7 @@ def test_the_pooled_counts_split_by_whether_the_record_names_open_facts():
 def test_a_reserved_figure_is_compared_with_the_peak_plus_fragmentation():
     """A trainer's logged max_memory_reserved holds the allocator's blocks but no CUDA context:
     it is judged against the peak plus the fragmentation zerofit counts, nothing else."""
-    bench = _bench()
+    bench = load_benchmark("public_reports")
     pred = {
         "status": "ok",
         "peak_gib": 70.0,

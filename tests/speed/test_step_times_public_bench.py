@@ -6,25 +6,15 @@ Run: .venv/bin/python -m pytest tests/speed/test_step_times_public_bench.py -q  
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
+from conftest import load_benchmark
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _bench():
-    path = ROOT / "benchmarks" / "step_times_public.py"
-    spec = importlib.util.spec_from_file_location("step_times_public", path)
-    bench = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = bench  # dataclasses look their module up while it is executed
-    spec.loader.exec_module(bench)
-    return bench
-
-
-BENCH = _bench()
+BENCH = load_benchmark("step_times_public")
 
 
 def test_runs_on_a_slice_and_prints_every_table(capsys):
