@@ -278,12 +278,15 @@ def estimate_step_time(
     gpu: GpuSpec,
     *,
     inter_node_gbps: float = DEFAULT_INTER_NODE_GBITS,
+    intra_node_gbps: float | None = None,
     trainable_params: int | None = None,
 ) -> StepTime:
     """Seconds per optimizer step of ``model`` trained as ``setup`` on ``gpu``.
 
     ``inter_node_gbps``: the network of one node in Gbit/s, as NICs are sold (10 for 10GbE, 400
     for one NDR port; a DGX's eight NDR ports: 3200); used only when the job spans nodes.
+    ``intra_node_gbps``: the GPUs' link inside a node in GB/s (bytes) per GPU, when the user's
+    differs from the catalog's usual one (PCIe cards in an NVLink GPU's place); None: the catalog's.
     ``trainable_params``: LoRA and other adapters (None: every weight trains).
     """
     trainable = model.params if trainable_params is None else trainable_params
@@ -304,7 +307,8 @@ def estimate_step_time(
     backward_s = flops.backward * micro_steps / (peak * efficiency)
     recompute_s = flops.recompute * micro_steps / (peak * efficiency)
 
-    links = Links(gpu.link_gbps, inter_node_gbps / 8)
+    intra = gpu.link_gbps if intra_node_gbps is None else intra_node_gbps
+    links = Links(intra, inter_node_gbps / 8)
     comm = communication_seconds(setup, model, links, trainable)
     if setup.stage == 3:  # the coordinator prefetches: gathers overlap the compute
         exposed_forward = max(0.0, comm.during_forward - forward_s)
