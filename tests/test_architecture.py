@@ -24,7 +24,7 @@ ALLOWED = {
     "wizard": {"planning", "models", "configs"},
     "cli": {"models", "memory", "planning", "configs", "launch", "doctor", "wizard"},
 }
-SHARED = {"errors", "files", "cache", "hardware", "addresses", "__init__"}
+SHARED = {"errors", "files", "cache", "hardware", "addresses", "cluster_facts", "__init__"}
 
 
 def zerofit_imports(path: Path) -> set[str]:
