@@ -38,6 +38,8 @@ LAUNCHERS = ("accelerate", "torchrun", "env", "slurm", "deepspeed")
 FLAVOURS = ("explicit", "auto")
 ATTENTION = ("sdpa", "eager", "flash_attention_2")
 WEIGHTS_DTYPES = ("fp32", "bf16")
+# the GPUs' link inside a node: "auto" is the catalog GPU's usual one (hardware.GpuSpec)
+INTERCONNECTS = ("auto", "nvlink", "pcie")
 
 # The same choices as types: a tuple subscript lists its items, Literal[("a", "b")] is
 # Literal["a", "b"], so the tuples above stay the one list.
@@ -48,6 +50,7 @@ Launcher = Literal[LAUNCHERS]
 Flavour = Literal[FLAVOURS]
 Attention = Literal[ATTENTION]
 WeightsDtype = Literal[WEIGHTS_DTYPES]
+Interconnect = Literal[INTERCONNECTS]
 Stack = Literal[STACKS]
 Optimizer = Literal[OPTIMIZERS]
 LossKernel = Literal[LOSS_KERNELS]
@@ -63,6 +66,11 @@ MAX_MICRO_BATCH = 4096
 MAX_NUM_GENERATIONS = 1024
 MAX_STEPS_PER_GENERATION = 4096
 MAX_HOST_RAM_GIB = 65536.0
+MAX_INTER_NODE_GBPS = 100_000.0
+MAX_INTRA_NODE_GBPS = 10_000.0
+MAX_DATASET_TOKENS = 10**15
+MAX_DATASET_SAMPLES = 10**12
+MAX_EPOCHS = 1000.0
 BOUND_REASONS = {
     "gpus_per_node": "GPUs in one machine; the largest servers hold 8-16",
     "num_nodes": "4096 nodes of 8 GPUs are twice the largest published training run, 16k GPUs",
@@ -73,6 +81,12 @@ BOUND_REASONS = {
     "num_generations": "completions per prompt; GRPO runs use 8-64",
     "steps_per_generation": "micro batches generated at once; 4096 is far past any accumulation",
     "host_ram_gib": "GiB of RAM per node; the largest single machines hold 32-48 TiB",
+    "inter_node_gbps": "Gbit/s per node; a DGX's eight 400G ports are 3,200",
+    "intra_node_gbps": "GB/s per GPU one way; NVLink 5 is 900",
+    "dataset_tokens": "tokens per epoch; 10^15 is 25x the largest published pretraining set",
+    "dataset_samples": "samples per epoch; 10^12 is past any fine-tuning set",
+    "avg_seq_len": "tokens per sample, at most 1M",
+    "epochs": "passes over the data; fine-tuning runs use 1-10",
 }
 # Ranges that are not counts: what to use instead (these messages predate the model; tests pin them)
 _RANGE_FIXES = {
@@ -80,6 +94,13 @@ _RANGE_FIXES = {
     "headroom": "use a fraction in 0.1-1.0",
     "vllm_gpu_memory_utilization": "use a fraction between 0 and 1, e.g. 0.3 (TRL's default)",
     "safety_margin_gib": "use 0-64 GiB",
+}
+# Sizes that are not counts, at or below zero: what to give instead
+_POSITIVE_FIXES = {
+    "host_ram_gib": "give the node's RAM in GiB",
+    "inter_node_gbps": "give the network of one node in Gbit/s, e.g. 100",
+    "intra_node_gbps": "give the GPUs' link in GB/s per GPU one way, e.g. 32 for PCIe Gen4 x16",
+    "epochs": "give the passes over the data, e.g. 1 or 0.5",
 }
 
 
@@ -193,6 +214,20 @@ class Answers:
     headroom: Annotated[float, Number, Field(ge=0.1, le=1.0)] = 1.0
     # kept free on top of every modelled term (overheads.py)
     safety_margin_gib: Annotated[float, Number, Field(ge=0.0, le=64.0)] = 1.0
+    # --- speed: the network a step's collectives cross, and the run's length
+    # the GPUs' link inside a node: auto (the catalog GPU's usual link), nvlink, or pcie
+    interconnect: Interconnect = "auto"
+    # Gbit/s per node between nodes (as NICs are sold); None: --cluster-facts, else
+    # speed.step_time.DEFAULT_INTER_NODE_GBITS (100). Only matters on more than one node.
+    inter_node_gbps: Annotated[float, Number, Field(gt=0.0, le=MAX_INTER_NODE_GBPS)] | None = None
+    # GB/s (bytes) per GPU, one direction, inside a node when measured (--cluster-facts);
+    # None: what ``interconnect`` implies (planner.intra_node_link)
+    intra_node_gbps: Annotated[float, Number, Field(gt=0.0, le=MAX_INTRA_NODE_GBPS)] | None = None
+    # the data one epoch trains on: tokens, or samples of an average length (planner.run_steps)
+    dataset_tokens: Annotated[int, Number, Field(ge=1, le=MAX_DATASET_TOKENS)] | None = None
+    dataset_samples: Annotated[int, Number, Field(ge=1, le=MAX_DATASET_SAMPLES)] | None = None
+    avg_seq_len: Annotated[int, Number, Field(ge=1, le=MAX_SEQ_LEN)] | None = None
+    epochs: Annotated[float, Number, Field(gt=0.0, le=MAX_EPOCHS)] = 1.0
 
     @property
     def world_size(self) -> int:
@@ -236,6 +271,7 @@ CHOICES = {
     "optimizer": OPTIMIZERS,
     "loss_kernel": LOSS_KERNELS,
     "weights_dtype": WEIGHTS_DTYPES,
+    "interconnect": INTERCONNECTS,
 }
 # answers.yaml / answers_from_dict keys that name a field another way
 KEY_ALIASES = {"flavor": "flavour"}
@@ -273,11 +309,29 @@ def check_workload(a: Answers) -> None:
             f"{a.global_batch} is not divisible by num_generations {a.num_generations}",
             "use a multiple of num_generations",
         )
+    check_dataset(a)
     if not a.model.strip():
         raise ZerofitError(
             "model",
             "is empty",
             "give a built-in name, a config.json, a model directory or a hub id",
+        )
+
+
+def check_dataset(a: Answers) -> None:
+    """The run's length is given one way: tokens, or samples (of an average length)."""
+    if a.dataset_tokens is not None and a.dataset_samples is not None:
+        raise ZerofitError(
+            "dataset_samples",
+            "given together with dataset_tokens",
+            "give the dataset's size once: --dataset-tokens, or --dataset-samples "
+            "with --avg-seq-len",
+        )
+    if a.avg_seq_len is not None and a.dataset_samples is None:
+        raise ZerofitError(
+            "avg_seq_len",
+            "given without dataset_samples",
+            "add --dataset-samples N, or give --dataset-tokens instead",
         )
 
 
@@ -342,8 +396,8 @@ def _range_error(name: str, value: Any, kind: str, ctx: dict[str, Any]) -> Zerof
             f"{value} is above the limit of {limit}",
             f"use at most {limit}: {BOUND_REASONS[name]}",
         )
-    if name == "host_ram_gib":
-        return ZerofitError(name, f"{value!r} must be positive", "give the node's RAM in GiB")
+    if name in _POSITIVE_FIXES:
+        return ZerofitError(name, f"{value!r} must be positive", _POSITIVE_FIXES[name])
     return ZerofitError(name, f"{value!r} must be a positive integer", f"set {name} to 1 or more")
 
 
