@@ -74,3 +74,27 @@ def test_every_gpu_has_the_speed_models_datasheet_figures():
 def test_a_spec_without_the_speed_fields_still_constructs():
     spec = GpuSpec("X", "Some GPU", 10.0, True, False, "pcie", 100)
     assert (spec.hbm_gbps, spec.link_gbps) == (0.0, 0.0)
+
+
+def test_the_cards_public_runs_train_on_are_all_in_the_catalog():
+    """The cards public step-time measurements name, each with the speed model's figures."""
+    for name in (
+        "V100-16GB", "V100-32GB", "T4", "TITAN RTX", "RTX 2080 Ti", "3090", "4090", "A10",
+        "A40", "L40S", "A100-40GB", "A100-80GB", "H100", "H200", "B200",
+    ):  # fmt: skip
+        spec = lookup(name)
+        assert spec.bf16_tflops > 0 and spec.hbm_gbps > 0 and spec.link_gbps > 0, name
+    assert not lookup("TITAN RTX").bf16 and not lookup("RTX 2080 Ti").bf16  # Turing: fp16 only
+    assert match_gpu_name("NVIDIA TITAN RTX") == "TITAN-RTX"
+    assert match_gpu_name("NVIDIA GeForce RTX 2080 Ti") == "RTX2080TI"
+
+
+def test_a_pcie_cards_link_is_its_pcie_generation_at_x16():
+    from zerofit.hardware import pcie_link_gbps
+
+    for spec in CATALOG.values():
+        if spec.interconnect == "pcie":
+            assert spec.link_gbps == pcie_link_gbps(spec), spec.key
+    assert pcie_link_gbps(CATALOG["H100-SXM"]) == 64  # Gen5
+    assert pcie_link_gbps(CATALOG["A100-80GB"]) == 32  # Gen4
+    assert pcie_link_gbps(CATALOG["V100-32GB"]) == 16  # Gen3

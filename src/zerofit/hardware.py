@@ -25,6 +25,23 @@ class GpuSpec:
     # one direction of the GPU's intra-node link, GB/s (NVLink total / 2, or PCIe x16 per
     # direction): what a ring collective inside a node moves per GPU per second at best
     link_gbps: float = 0.0
+    # the card's host link, PCIe generation at x16: what GPUs without NVLink talk over, and
+    # what --interconnect pcie means for a card that usually has NVLink (pcie_link_gbps)
+    pcie_gen: int = 4
+    # one direction of the NVLink bridge a PCIe card can take (two cards joined), GB/s; 0: none
+    bridge_gbps: float = 0.0
+
+
+# One direction of a x16 link, GB/s, by PCIe generation (PCI-SIG: 8, 16, 32 GT/s per lane at
+# 128b/130b: 15.75, 31.5, 63 GB/s), rounded as the vendors' datasheets print them (T4 "32 GB/s"
+# both ways, A10 / L40S "64 GB/s", H100 PCIe "128 GB/s").
+PCIE_X16_GBPS = {3: 16.0, 4: 32.0, 5: 64.0}
+
+
+def pcie_link_gbps(gpu: GpuSpec) -> float:
+    """One direction of ``gpu``'s PCIe x16 link: what a ring inside a node moves per GPU when
+    the GPUs talk over PCIe (through the host bridge or a PCIe switch)."""
+    return PCIE_X16_GBPS[gpu.pcie_gen]
 
 
 # Memory is what torch can use: cudaMemGetInfo's total, which torch.cuda.get_device_properties()
@@ -46,32 +63,45 @@ class GpuSpec:
 # AMD MI250X (3.2 TB/s and 800 GB/s of Infinity Fabric links per OAM, half of each per GCD)
 # and MI300X (1,307 TF bf16 dense, 5.3 TB/s, 7 Infinity Fabric links, 896 GB/s in all).
 # link_gbps is one direction: half of the bidirectional figure the datasheets print.
+# PCIe generation: Gen5 on Hopper, Blackwell and MI300X, Gen3 on Volta and Turing (V100, T4,
+# TITAN RTX, RTX 2080 Ti), Gen4 otherwise (the same datasheets). NVLink bridges of PCIe cards:
+# RTX A6000 / A40 / GeForce RTX 3090 112.5 GB/s (their datasheets), TITAN RTX and RTX 2080 Ti
+# 100 GB/s (NVIDIA's TITAN RTX page and Turing architecture whitepaper), both ways.
+# Turing GeForce / TITAN (NVIDIA Turing GPU architecture whitepaper, appendix A: TITAN RTX
+# 130.5 TF fp16 tensor with fp32 accumulate, 672 GB/s GDDR6; RTX 2080 Ti 53.8 TF with fp32
+# accumulate, which GeForce halves, 616 GB/s); memory as torch reports it in OOM messages:
+# TITAN RTX "23.65 GiB total capacity", RTX 2080 Ti "10.76 GiB total capacity".
 CATALOG: dict[str, GpuSpec] = {
     g.key: g
     for g in [
-        GpuSpec("B200", "NVIDIA B200 180GB", 178.4, True, True, "nvlink", 2250, 8000, 900),
-        GpuSpec("H200", "NVIDIA H200 141GB", 139.8, True, True, "nvlink", 989, 4800, 450),
-        GpuSpec("H100-NVL", "NVIDIA H100 NVL 94GB", 93.6, True, True, "nvlink", 835, 3900, 300),
-        GpuSpec("H100-PCIE", "NVIDIA H100 PCIe 80GB", 79.11, True, True, "pcie", 756, 2000, 64),
-        GpuSpec("H100-SXM", "NVIDIA H100 SXM 80GB", 79.11, True, True, "nvlink", 989, 3350, 450),
+        GpuSpec("B200", "NVIDIA B200 180GB", 178.4, True, True, "nvlink", 2250, 8000, 900, 5),
+        GpuSpec("H200", "NVIDIA H200 141GB", 139.8, True, True, "nvlink", 989, 4800, 450, 5),
+        GpuSpec("H100-NVL", "NVIDIA H100 NVL 94GB", 93.6, True, True, "nvlink", 835, 3900, 300, 5),
+        GpuSpec("H100-PCIE", "NVIDIA H100 PCIe 80GB", 79.11, True, True, "pcie", 756, 2000, 64, 5),
+        GpuSpec("H100-SXM", "NVIDIA H100 SXM 80GB", 79.11, True, True, "nvlink", 989, 3350, 450, 5),
         GpuSpec("A100-80GB", "NVIDIA A100 80GB", 79.15, True, False, "nvlink", 312, 2039, 300),
         GpuSpec("A100-40GB", "NVIDIA A100 40GB", 39.39, True, False, "nvlink", 312, 1555, 300),
         GpuSpec("L40S", "NVIDIA L40S 48GB", 44.4, True, True, "pcie", 362, 864, 32),
-        GpuSpec("A6000", "NVIDIA RTX A6000 48GB", 47.4, True, False, "pcie", 155, 768, 32),
+        GpuSpec(
+            "A6000", "NVIDIA RTX A6000 48GB", 47.4, True, False, "pcie", 155, 768, 32, 4, 56.25
+        ),
         GpuSpec("A10", "NVIDIA A10 24GB", 22.0, True, False, "pcie", 125, 600, 32),
         GpuSpec("L4", "NVIDIA L4 24GB", 22.0, True, True, "pcie", 121, 300, 32),
         GpuSpec("RTX4090", "NVIDIA GeForce RTX 4090 24GB", 23.6, True, True, "pcie", 165, 1008, 32),
-        GpuSpec("RTX3090", "NVIDIA GeForce RTX 3090 24GB", 23.6, True, False, "pcie", 71, 936, 32),
-        GpuSpec("V100-32GB", "NVIDIA V100 32GB", 31.75, False, False, "nvlink", 125, 900, 150),
-        GpuSpec("V100-16GB", "NVIDIA V100 16GB", 15.77, False, False, "nvlink", 125, 900, 150),
-        GpuSpec("T4", "NVIDIA T4 16GB", 14.6, False, False, "pcie", 65, 320, 16),
+        GpuSpec(
+            "RTX3090", "NVIDIA GeForce RTX 3090 24GB", 23.6, True, False, "pcie", 71, 936, 32,
+            bridge_gbps=56.25,
+        ),
+        GpuSpec("V100-32GB", "NVIDIA V100 32GB", 31.75, False, False, "nvlink", 125, 900, 150, 3),
+        GpuSpec("V100-16GB", "NVIDIA V100 16GB", 15.77, False, False, "nvlink", 125, 900, 150, 3),
+        GpuSpec("T4", "NVIDIA T4 16GB", 14.6, False, False, "pcie", 65, 320, 16, 3),
         # Added later, kept after the first entries so menus keep their order. China-market
         # Hopper/Ampere parts (vendor datasheets: H800/A800 80 GB, H20 96 GB HBM3), 48 GB GDDR6
         # cards.
-        GpuSpec("H800", "NVIDIA H800 80GB", 79.11, True, True, "nvlink", 989, 3350, 200),
-        GpuSpec("H20", "NVIDIA H20 96GB", 95.6, True, True, "nvlink", 148, 4000, 450),
+        GpuSpec("H800", "NVIDIA H800 80GB", 79.11, True, True, "nvlink", 989, 3350, 200, 5),
+        GpuSpec("H20", "NVIDIA H20 96GB", 95.6, True, True, "nvlink", 148, 4000, 450, 5),
         GpuSpec("A800", "NVIDIA A800 80GB", 79.15, True, False, "nvlink", 312, 2039, 200),
-        GpuSpec("A40", "NVIDIA A40 48GB", 44.4, True, False, "pcie", 150, 696, 32),
+        GpuSpec("A40", "NVIDIA A40 48GB", 44.4, True, False, "pcie", 150, 696, 32, 4, 56.25),
         GpuSpec("L20", "NVIDIA L20 48GB", 44.4, True, True, "pcie", 120, 864, 32),
         # AMD Instinct (ROCm; DeepSpeed runs on RCCL). "nvlink" here means the xGMI/Infinity Fabric
         # mesh. MI250X: one OAM is two GCDs, each its own 64 GB device to torch.
@@ -87,7 +117,15 @@ CATALOG: dict[str, GpuSpec] = {
             200,
         ),
         GpuSpec(
-            "MI300X", "AMD Instinct MI300X 192GB", 191.5, True, True, "nvlink", 1307, 5300, 448
+            "MI300X", "AMD Instinct MI300X 192GB", 191.5, True, True, "nvlink", 1307, 5300, 448, 5
+        ),
+        # Turing cards many public runs used (fp16 only, no bf16)
+        GpuSpec(
+            "TITAN-RTX", "NVIDIA TITAN RTX 24GB", 23.65, False, False, "pcie", 130.5, 672, 16, 3, 50
+        ),
+        GpuSpec(
+            "RTX2080TI", "NVIDIA GeForce RTX 2080 Ti 11GB", 10.76, False, False, "pcie", 53.8, 616,
+            16, pcie_gen=3, bridge_gbps=50,
         ),
     ]
 }
@@ -99,10 +137,17 @@ ALIASES = {
     "V100": "V100-32GB",
     "4090": "RTX4090",
     "3090": "RTX3090",
+    "TITANRTX": "TITAN-RTX",
+    "2080TI": "RTX2080TI",
+    "2080-TI": "RTX2080TI",
+    "RTX-2080-TI": "RTX2080TI",
+    "RTX2080-TI": "RTX2080TI",
 }
 
 # nvidia-smi product names -> catalog key; more specific patterns first.
 _DETECT = [
+    (("titan rtx",), "TITAN-RTX"),
+    (("2080", "ti"), "RTX2080TI"),
     (("b200",), "B200"),
     (("h200",), "H200"),
     (("h800",), "H800"),
