@@ -349,6 +349,7 @@ def test_plan_json_is_the_plan_under_todays_keys():
         "optimizer",
         "loss_path",
         "padded",
+        "zero_plus",
     ]
     assert (data["model"], data["gpu"], data["stack"]) == ("qwen2.5-0.5b", "H100-SXM", "hf")
     assert list(data["decisions"][0]) == ["field", "value", "reason"]

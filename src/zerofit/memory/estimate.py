@@ -45,6 +45,8 @@ class TrainSetup:
     stage: int = 2
     world_size: int = 1
     gpus_per_node: int = 1
+    # ZeRO++ at stage 3 (planning/options.py): none | hpz | hpz+qwz+qgz; hpZ's partition is a node
+    zero_plus: str = "none"
     offload_optimizer: str = "none"
     offload_param: str = "none"
     precision: str = "bf16"

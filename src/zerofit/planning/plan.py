@@ -33,11 +33,16 @@ class Alternative:
     cpu_gib: float = 0.0  # host RAM per node
     failing: str | None = None  # "gpu", "host", "gpu+host" or None
     pin_memory: bool = True  # offload buffers page-locked
+    zero_plus: str = "none"  # ZeRO++ (planning/options.py): none | hpz | hpz+qwz+qgz
 
     @property
     def option(self) -> TrainingOption:
         return TrainingOption(
-            self.stage, self.offload_optimizer, self.offload_param, self.gradient_checkpointing
+            self.stage,
+            self.offload_optimizer,
+            self.offload_param,
+            self.gradient_checkpointing,
+            self.zero_plus,
         )
 
     @classmethod
@@ -56,6 +61,7 @@ class Alternative:
             cpu_gib=round(candidate.estimate.cpu_gib, 2),
             failing=candidate.failing_budget,
             pin_memory=candidate.pin_memory,
+            zero_plus=option.zero_plus,
         )
 
 
@@ -99,11 +105,16 @@ class Plan:
     loss_path: str = ""  # hf | liger | trl_fused
     pin_memory: bool = True  # offload blocks' pin_memory (page-locked host buffers)
     padded: bool = False  # micro batches estimated as padded (planner.pads_batches)
+    zero_plus: str = "none"  # ZeRO++ (planning/options.py): none | hpz | hpz+qwz+qgz
 
     @property
     def option(self) -> TrainingOption:
         return TrainingOption(
-            self.stage, self.offload_optimizer, self.offload_param, self.gradient_checkpointing
+            self.stage,
+            self.offload_optimizer,
+            self.offload_param,
+            self.gradient_checkpointing,
+            self.zero_plus,
         )
 
     def as_json(self) -> dict[str, Any]:
@@ -137,6 +148,7 @@ class Plan:
             self.gradient_checkpointing,
             self.micro_batch,
             self.fits,
+            self.zero_plus,
         )
 
 
@@ -248,6 +260,7 @@ def _build_plan(
         loss_path=estimate.loss_path,
         pin_memory=chosen.pin_memory,
         padded=pads_batches(inputs.answers, chosen.micro_batch),
+        zero_plus=option.zero_plus,
     )
 
 

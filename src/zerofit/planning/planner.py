@@ -1,16 +1,14 @@
 """The planner: the fastest ZeRO configuration that fits, with a reason per decision.
 
-Speed order (fastest first), from step times measured on one H100 with Qwen2.5-0.5B
-(seq 2048 x 4): no offload before any offload (CPU Adam step ~1 s vs 0.2 s), then ZeRO-0/1/2
-before ZeRO-3 (0.45 s vs 0.20 s: per-layer all-gathers, ~50 % more communication), then no
-gradient checkpointing before checkpointing (0.29 s: one extra forward), then the lower stage
-(stage 1 and 2 move the same bytes; the lower one does less bookkeeping), then the larger micro
-batch (fewer, fuller kernels and fewer accumulation steps).
-
-Stage 1 against 2 and one micro batch against the next are near ties in speed, so among them a
-fit that leaves at least the median fragmentation of long runs spare comes first
-(``Candidate.tight``, memory/overheads.py: public OOM messages of training runs lost a median
-1.25 GiB to it): a plan with 0.3 GiB to spare is one varying batch away from an OOM at hour 20.
+Every candidate (an option at a micro batch) gets its predicted seconds per optimizer step from
+the speed model (speed/step_time.py ``estimate_step_time``) on the network the answers give
+(``Network``). All candidates of one plan train the same global batch, each GPU the same
+sequences per optimizer step, so their step times compare directly whatever their micro batch
+and accumulation. The fastest fit wins; fits within ``NEAR_TIE`` (3 %) of it are a tie the
+model cannot call, and the tie goes to the one with the most memory to spare: a fit that leaves
+less than the median fragmentation of long runs (``Candidate.tight``, memory/overheads.py:
+public OOM messages lost a median 1.25 GiB to it) is one varying batch away from an OOM at
+hour 20.
 """
 
 from __future__ import annotations
@@ -22,11 +20,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from zerofit.errors import ZerofitError
-from zerofit.hardware import GpuSpec
+from zerofit.hardware import GpuSpec, pcie_link_gbps
 from zerofit.memory.estimate import GIB, MemoryEstimate, TrainSetup, estimate_memory
 from zerofit.memory.overheads import is_tight
 from zerofit.planning.answers import Answers
 from zerofit.planning.options import TrainingOption, all_options
+from zerofit.speed.step_time import DEFAULT_INTER_NODE_GBITS, StepTime, estimate_step_time
 
 MAX_MICRO = 64
 # Where the node's RAM cannot be read (and --host-ram-gib is not given), offload plans assume a
@@ -34,7 +33,74 @@ MAX_MICRO = 64
 HOST_RAM_PER_GPU_MEMORY = 2.0
 MIN_HOST_RAM_GIB = 64.0
 DEFAULT_TOKENS_PER_STEP = 2**18  # default global batch: ~262k tokens per optimizer step
+# Step times within 3 % of the fastest fit are a tie: below what the speed model resolves (its
+# per-scenario order is checked where measured times differ by more than 10 %).
+NEAR_TIE = 0.03
 
+
+@dataclass(frozen=True)
+class Network:
+    """The links a step's collectives cross and where each number comes from.
+
+    ``interconnect``: the GPUs' link inside a node (nvlink | pcie; it also sizes NCCL's
+    buffers, memory/overheads.py). ``intra_node_gbps``: GB/s per GPU, one direction, over it.
+    ``inter_node_gbps``: Gbit/s per node between nodes (only used on more than one node).
+    """
+
+    interconnect: str
+    intra_node_gbps: float
+    inter_node_gbps: float
+    intra_source: str  # catalog | pcie | bridge | given
+    inter_source: str  # given | default
+
+
+def intra_node_link(answers: Answers, gpu: GpuSpec, gpus_per_node: int) -> tuple[str, float, str]:
+    """(interconnect, GB/s per GPU one way, source) of the link inside a node.
+
+    ``auto``: the catalog GPU's usual link (NVLink/NVSwitch on SXM parts, PCIe on PCIe cards).
+    ``pcie`` on a GPU that usually has NVLink (an A100 or H100 in PCIe form, NVLink left out):
+    its PCIe generation at x16, one direction (hardware.pcie_link_gbps: Gen5 64 GB/s on Hopper
+    and Blackwell, Gen4 32 GB/s on Ampere, Gen3 16 GB/s on Volta), the bound of a ring whose
+    GPUs talk through the host bridge or a PCIe switch. ``nvlink`` on a PCIe card: its NVLink
+    bridge, which joins two cards, so only with two GPUs per node (more: the ring crosses PCIe).
+    A measured ``intra_node_gbps`` (--intra-node-gbps, --cluster-facts) wins over all of these.
+    """
+    interconnect = gpu.interconnect if answers.interconnect == "auto" else answers.interconnect
+    if answers.intra_node_gbps is not None:
+        return interconnect, answers.intra_node_gbps, "given"
+    if interconnect == gpu.interconnect:
+        return interconnect, gpu.link_gbps, "catalog"
+    if interconnect == "pcie":
+        return interconnect, pcie_link_gbps(gpu), "pcie"
+    if not gpu.bridge_gbps:
+        raise ZerofitError(
+            "interconnect",
+            f"{gpu.name} has no NVLink",
+            "use --interconnect pcie or auto, or give the measured link with --intra-node-gbps",
+        )
+    if gpus_per_node <= 2:
+        return interconnect, gpu.bridge_gbps, "bridge"
+    return interconnect, pcie_link_gbps(gpu), "pcie"
+
+
+def network_of(answers: Answers, gpu: GpuSpec, gpus_per_node: int) -> Network:
+    """The network the answers give: their interconnect and bandwidths, else the catalog's link
+    and ``DEFAULT_INTER_NODE_GBITS`` (100 Gbit/s per node)."""
+    interconnect, intra, intra_source = intra_node_link(answers, gpu, gpus_per_node)
+    inter = answers.inter_node_gbps
+    return Network(
+        interconnect=interconnect,
+        intra_node_gbps=intra,
+        inter_node_gbps=DEFAULT_INTER_NODE_GBITS if inter is None else inter,
+        intra_source=intra_source,
+        inter_source="default" if inter is None else "given",
+    )
+
+
+def trainable_params(inputs: "PlanInputs") -> int | None:
+    """The parameters the optimizer steps, for the speed model: None, every weight (full
+    fine-tuning). An adapter (LoRA) returns its own count here."""
+    return None
 
 
 @dataclass(frozen=True)
@@ -53,6 +119,7 @@ class PlanInputs:
     seq_len: int
     host_ram_gib: float
     host_ram_source: str  # given | this node | assumed
+    network: Network
 
     @property
     def budget_gib(self) -> float:
@@ -79,6 +146,7 @@ class PlanInputs:
             seq_len=seq_len or self.seq_len,
             host_ram_gib=ram,
             host_ram_source=source,
+            network=network_of(self.answers, self.gpu, gpus_per_node),
         )
 
 
@@ -96,6 +164,7 @@ def plan_inputs(model, answers: Answers, gpu: GpuSpec, precision: str, per_rank:
         seq_len=answers.seq_len,
         host_ram_gib=ram,
         host_ram_source=source,
+        network=network_of(answers, gpu, answers.gpus_per_node),
     )
 
 
@@ -151,6 +220,7 @@ class Candidate:
     micro_batch: int
     estimate: MemoryEstimate
     check: BudgetCheck
+    step: StepTime  # one optimizer step's predicted seconds (GRPO: the training part)
     pin_memory: bool = True  # offload buffers page-locked (only matters with offload)
     pinned_cpu_gib: float | None = None  # host RAM pinned buffers needed, where unpinned instead
 
@@ -178,18 +248,9 @@ class Candidate:
         return self.fits and is_tight(self.spare_gib)
 
     @property
-    def speed_key(self) -> tuple:
-        """Sort key, fastest first (see the module docstring for the order and its evidence)."""
-        option = self.option
-        return (
-            option.offload_param != "none",
-            option.offload_optimizer != "none",
-            option.stage == 3,
-            option.gradient_checkpointing,
-            self.tight,
-            option.stage,
-            -self.micro_batch,
-        )
+    def step_s(self) -> float:
+        """Predicted seconds per optimizer step."""
+        return self.step.total_s
 
     def label(self) -> str:
         option = self.option
@@ -201,7 +262,8 @@ class Candidate:
         if where and not self.pin_memory:
             where += " (unpinned)"
         checkpointing = ", checkpointing" if option.gradient_checkpointing else ""
-        return f"ZeRO-{option.stage}{where}{checkpointing}, micro {self.micro_batch}"
+        zero = f"ZeRO-{option.stage}{option.zero_plus_label}"
+        return f"{zero}{where}{checkpointing}, micro {self.micro_batch}"
 
 
 def pick_precision(answers: Answers, gpu) -> tuple[str, str]:
@@ -287,6 +349,7 @@ def build_setup(
         offload_param=option.offload_param,
         precision=inputs.precision,
         gradient_checkpointing=option.gradient_checkpointing,
+        zero_plus=option.zero_plus,
         micro_batch=micro_batch,
         seq_len=inputs.seq_len,
         grad_accum=grad_accum,
@@ -302,7 +365,7 @@ def build_setup(
         precompute_ref=answers.precompute_ref,
         vllm_gpu_memory_utilization=answers.vllm_gpu_memory_utilization,
         steps_per_generation=answers.steps_per_generation,
-        interconnect=inputs.gpu.interconnect,
+        interconnect=inputs.network.interconnect,
         padded=pads_batches(answers, micro_batch),
         weights_dtype=answers.weights_dtype,
         pin_optimizer_offload=answers.pin_memory is not False,
@@ -350,7 +413,8 @@ def evaluate(inputs: PlanInputs, option: TrainingOption, micro_batch: int) -> Ca
     and unpinned ones fit, the candidate is the unpinned one: PyTorch's pinned allocator rounds
     every block up to a power of two (memory/pinned.py), pageable memory is allocated as asked.
     """
-    setup = build_setup(inputs, option, micro_batch, inputs.per_rank // micro_batch)
+    grad_accum = inputs.per_rank // micro_batch
+    setup = build_setup(inputs, option, micro_batch, grad_accum)
     estimate = estimate_memory(inputs.model, setup)
     check = judge(estimate, inputs)
     pinned_cpu_gib = None
@@ -365,6 +429,7 @@ def evaluate(inputs: PlanInputs, option: TrainingOption, micro_batch: int) -> Ca
         micro_batch=micro_batch,
         estimate=estimate,
         check=check,
+        step=step_time_of(inputs, setup),
         pin_memory=setup.pins_offload or not option.offloaded,
         pinned_cpu_gib=pinned_cpu_gib,
     )
@@ -381,16 +446,80 @@ def evaluate_grid(
     ]
 
 
+def step_time_of(inputs: PlanInputs, setup: TrainSetup) -> StepTime:
+    """The speed model's seconds per optimizer step of ``setup`` on the answers' network."""
+    network = inputs.network
+    return estimate_step_time(
+        setup,
+        inputs.model,
+        inputs.gpu,
+        inter_node_gbps=network.inter_node_gbps,
+        intra_node_gbps=network.intra_node_gbps,
+        trainable_params=trainable_params(inputs),
+    )
+
+
+def fastest_of(fitting: list[Candidate]) -> Candidate:
+    """The predicted fastest of ``fitting`` (every one trains the same sequences per optimizer
+    step, so step times compare across micro batches); among those within ``NEAR_TIE`` of it,
+    the one with the most memory to spare."""
+    fastest = min(c.step_s for c in fitting)
+    near = [c for c in fitting if c.step_s <= fastest * (1 + NEAR_TIE)]
+    return max(near, key=lambda c: (c.spare_gib, -c.step_s))
+
+
 def best_of(candidates: list[Candidate]) -> Candidate:
-    """Fastest fitting candidate, else the one needing the least memory."""
+    """Fastest fitting candidate, else the one needing the least memory (the faster of equals)."""
     fitting = [c for c in candidates if c.fits]
     if fitting:
-        return min(fitting, key=lambda c: c.speed_key)
-    return min(candidates, key=lambda c: (c.estimate.peak_bytes, c.speed_key))
+        return fastest_of(fitting)
+    return min(candidates, key=lambda c: (c.estimate.peak_bytes, c.step_s))
 
 
 def fastest_fit(inputs: PlanInputs) -> Candidate | None:
     """The fastest option that fits under ``inputs`` at micro batch 1, searched over every option
     whatever the user's overrides (what a suggestion offers); None when none fits."""
     fitting = [c for c in evaluate_grid(inputs, all_options(), [1]) if c.fits]
-    return min(fitting, key=lambda c: c.speed_key) if fitting else None
+    return fastest_of(fitting) if fitting else None
+
+
+def sequences_per_epoch(answers: Answers, seq_len: int) -> int | None:
+    """Rows of the global batch one pass over the data fills; None without a dataset size.
+
+    The speed model runs sequences of ``seq_len`` tokens, so:
+    - ``dataset_tokens``: the tokens packed into sequences of ``seq_len``;
+    - ``dataset_samples`` packed (``padding`` false: packing or padding-free collation): their
+      tokens, ``avg_seq_len`` each (default ``seq_len``; a longer sample is truncated to
+      ``seq_len``, as the tokenizer's max_length does), into sequences of ``seq_len``;
+    - ``dataset_samples`` otherwise: one sample per sequence, padded (estimated at ``seq_len``:
+      an upper bound when samples are shorter; lower ``--seq-len`` to the padded length);
+    - GRPO: each prompt sample gives ``num_generations`` completions, the rows it counts.
+    """
+    if answers.dataset_tokens is not None:
+        return math.ceil(answers.dataset_tokens / seq_len)
+    samples = answers.dataset_samples
+    if samples is None:
+        return None
+    if answers.workload == "grpo":
+        return samples * answers.num_generations
+    if answers.padding is False:
+        tokens = samples * min(answers.avg_seq_len or seq_len, seq_len)
+        return math.ceil(tokens / seq_len)
+    return samples
+
+
+def run_optimizer_steps(answers: Answers, seq_len: int, global_batch: int) -> int | None:
+    """Optimizer steps of the whole run: ``epochs`` passes of ``ceil(sequences / global batch)``
+    steps (a last, partial batch still takes a step, as the HF Trainer's dataloader keeps it),
+    rounded up; None without a dataset size."""
+    sequences = sequences_per_epoch(answers, seq_len)
+    if sequences is None:
+        return None
+    return math.ceil(answers.epochs * math.ceil(sequences / global_batch))
+
+
+def run_hours(steps: int | None, step_s: float | None) -> float | None:
+    """The run's wall time in hours: optimizer steps x seconds per step (None if either is)."""
+    if steps is None or step_s is None:
+        return None
+    return steps * step_s / 3600
