@@ -34,6 +34,12 @@ class Alternative:
     failing: str | None = None  # "gpu", "host", "gpu+host" or None
     pin_memory: bool = True  # offload buffers page-locked
     zero_plus: str = "none"  # ZeRO++ (planning/options.py): none | hpz | hpz+qwz+qgz
+    # predicted seconds per optimizer step and what they give (speed/step_time.py; None for
+    # grpo, whose generation is not modeled), the run's hours when the dataset size is given
+    step_time_s: float | None = None
+    tokens_per_s_per_gpu: float | None = None
+    mfu: float | None = None
+    run_time_h: float | None = None
 
     @property
     def option(self) -> TrainingOption:
@@ -46,8 +52,9 @@ class Alternative:
         )
 
     @classmethod
-    def of(cls, candidate: Candidate) -> "Alternative":
-        """The row of ``candidate``, its GiB rounded to 2 places."""
+    def of(cls, candidate: Candidate, workload: str, steps: int | None) -> "Alternative":
+        """The row of ``candidate``, its GiB rounded to 2 places; ``steps``: the run's optimizer
+        steps (None: no dataset size)."""
         option = candidate.option
         return cls(
             stage=option.stage,
@@ -62,7 +69,31 @@ class Alternative:
             failing=candidate.failing_budget,
             pin_memory=candidate.pin_memory,
             zero_plus=option.zero_plus,
+            **{
+                name: value
+                for name, value in speed_fields(candidate, workload, steps).items()
+                if name != "time_breakdown"
+            },
         )
+
+
+def speed_fields(candidate: Candidate, workload: str, steps: int | None) -> dict[str, Any]:
+    """A candidate's predicted step time, tokens/s per GPU, MFU, where the time goes and the
+    run's hours, rounded for reports; empty for grpo (its generation is not modeled, so the
+    training part alone would understate the step)."""
+    from zerofit.planning.planner import run_hours
+
+    if workload == "grpo":
+        return {}
+    step = candidate.step
+    run_time_h = run_hours(steps, step.total_s)
+    return {
+        "step_time_s": round(step.total_s, 3),
+        "tokens_per_s_per_gpu": round(step.tokens_per_s_per_gpu, 1),
+        "mfu": round(step.mfu, 3),
+        "time_breakdown": step.breakdown(),
+        "run_time_h": None if run_time_h is None else round(run_time_h, 2),
+    }
 
 
 # Plan.as_json: the fields --json names otherwise, and those it leaves out
@@ -106,6 +137,18 @@ class Plan:
     pin_memory: bool = True  # offload blocks' pin_memory (page-locked host buffers)
     padded: bool = False  # micro batches estimated as padded (planner.pads_batches)
     zero_plus: str = "none"  # ZeRO++ (planning/options.py): none | hpz | hpz+qwz+qgz
+    # predicted speed (speed/step_time.py; None for grpo) and the run's length: optimizer steps
+    # and hours when the dataset size is given (planner.run_optimizer_steps)
+    step_time_s: float | None = None
+    tokens_per_s_per_gpu: float | None = None
+    mfu: float | None = None
+    time_breakdown: dict[str, float] | None = None
+    optimizer_steps: int | None = None
+    run_time_h: float | None = None
+    # the network the step times assume (planner.network_of)
+    interconnect: str = ""
+    intra_node_gbps: float = 0.0  # GB/s per GPU, one direction
+    inter_node_gbps: float = 0.0  # Gbit/s per node
 
     @property
     def option(self) -> TrainingOption:
@@ -169,6 +212,7 @@ def plan(answers: Answers, model: Any = None) -> Plan:
         pick_global_batch,
         pick_precision,
         plan_inputs,
+        run_optimizer_steps,
     )
     from zerofit.planning.reasons import decide, suggest
 
@@ -186,6 +230,7 @@ def plan(answers: Answers, model: Any = None) -> Plan:
     grid = evaluate_grid(inputs, allowed + all_options(), micro_batches)
     pool = [c for c in grid if c.option in allowed]
     chosen = best_of(pool)
+    steps = run_optimizer_steps(answers, answers.seq_len, global_batch)
     decisions = [
         Decision("precision", precision, precision_why),
         Decision("global_batch", global_batch, batch_why),
@@ -193,7 +238,8 @@ def plan(answers: Answers, model: Any = None) -> Plan:
         _grad_accum_decision(chosen, inputs, global_batch),
     ]
     suggestions = () if chosen.fits else tuple(suggest(inputs, chosen))
-    return _build_plan(inputs, chosen, decisions, alternatives_of(grid), suggestions)
+    alternatives = alternatives_of(grid, answers.workload, steps)
+    return _build_plan(inputs, chosen, decisions, alternatives, suggestions, steps)
 
 
 def _grad_accum_decision(chosen: Candidate, inputs: PlanInputs, global_batch: int) -> Decision:
@@ -206,7 +252,9 @@ def _grad_accum_decision(chosen: Candidate, inputs: PlanInputs, global_batch: in
     )
 
 
-def alternatives_of(grid: list[Candidate]) -> tuple[Alternative, ...]:
+def alternatives_of(
+    grid: list[Candidate], workload: str, steps: int | None
+) -> tuple[Alternative, ...]:
     """Every option of the full grid at its best micro batch, in the grid's order."""
     from zerofit.planning.planner import best_of
 
@@ -214,7 +262,7 @@ def alternatives_of(grid: list[Candidate]) -> tuple[Alternative, ...]:
     for option in all_options():
         of_option = [c for c in grid if c.option == option]
         if of_option:
-            rows.append(Alternative.of(best_of(of_option)))
+            rows.append(Alternative.of(best_of(of_option), workload, steps))
     return tuple(rows)
 
 
@@ -224,10 +272,12 @@ def _build_plan(
     decisions: list[Decision],
     alternatives: tuple[Alternative, ...],
     suggestions: tuple[str, ...],
+    steps: int | None,
 ) -> Plan:
     from zerofit.planning.planner import pads_batches
 
     estimate, option, model = chosen.estimate, chosen.option, inputs.model
+    network = inputs.network
     grad_accum = inputs.per_rank // chosen.micro_batch
     return Plan(
         answers=inputs.answers,
@@ -261,6 +311,11 @@ def _build_plan(
         pin_memory=chosen.pin_memory,
         padded=pads_batches(inputs.answers, chosen.micro_batch),
         zero_plus=option.zero_plus,
+        **speed_fields(chosen, inputs.answers.workload, steps),
+        optimizer_steps=steps,
+        interconnect=network.interconnect,
+        intra_node_gbps=network.intra_node_gbps,
+        inter_node_gbps=network.inter_node_gbps,
     )
 
 
