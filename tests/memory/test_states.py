@@ -84,3 +84,34 @@ def test_deepspeed_still_takes_offloaded_grad_norms_in_fp64():
     norm_dtype = inspect.getsource(utils.get_norm_dtype)
     assert "is_fp64_supported()" in norm_dtype and "return torch.double" in norm_dtype
     assert torch.double.itemsize == st.FP64 and st.NORM_CHUNK == 250_000_000
+
+
+def test_hpz_keeps_a_16bit_secondary_shard_of_the_node_and_qwz_qgz_their_buffers():
+    """ZeRO++ (states.zero_plus_resident, qwz_gather_buffer_bytes, qgz_buffer_bytes): hpZ adds
+    params x 2 / GPUs per node on each rank for the whole step (the secondary partition of
+    partition_parameters.py ``Init._partition_param_sec``), nothing with parameters offloaded;
+    qwZ an int8 prefetch bucket beside the gathered weights; qgZ its int4 temporaries in
+    backward. Plain ZeRO-3 is unchanged."""
+    plain = TrainSetup(stage=3, world_size=16, gpus_per_node=8)
+    hpz = TrainSetup(stage=3, world_size=16, gpus_per_node=8, zero_plus="hpz")
+    quantized = TrainSetup(stage=3, world_size=16, gpus_per_node=8, zero_plus="hpz+qwz+qgz")
+    buckets = hpz.bucket_sizes(QWEN25_7B.hidden_size)
+    resident = st.resident_states(QWEN25_7B, hpz, 2, buckets)
+    assert resident["hpz_secondary_params"] == -(-QWEN25_7B.params // 8) * 2
+    assert "hpz_secondary_params" not in st.resident_states(QWEN25_7B, plain, 2, buckets)
+    offloaded = TrainSetup(
+        stage=3,
+        world_size=16,
+        gpus_per_node=8,
+        zero_plus="hpz",
+        offload_optimizer="cpu",
+        offload_param="cpu",
+    )
+    assert "hpz_secondary_params" not in st.resident_states(QWEN25_7B, offloaded, 2, buckets)
+    live_plain = st.stage3_live_params(QWEN25_7B, hpz, 2, buckets)
+    live_quantized = st.stage3_live_params(QWEN25_7B, quantized, 2, buckets)
+    assert live_quantized - live_plain == buckets["stage3_prefetch_bucket_size"]
+    backward = st.backward_buffers(QWEN25_7B, quantized, 2, buckets)
+    head = QWEN25_7B.vocab_size * QWEN25_7B.hidden_size
+    assert backward["qgz_buffers"] == head + -(-3 * head // 8)
+    assert "qgz_buffers" not in st.backward_buffers(QWEN25_7B, hpz, 2, buckets)

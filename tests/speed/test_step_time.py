@@ -126,3 +126,71 @@ def test_lora_communicates_and_steps_only_the_adapters():
     assert lora.exposed_comm_s < 0.05 * full.exposed_comm_s
     assert lora.gpu_optimizer_s == pytest.approx(full.gpu_optimizer_s / 100, rel=0.01)
     assert lora.compute_s < full.compute_s  # no weight gradients for the frozen weights
+
+
+# --- ZeRO++ (planning/options.py zero_plus) ------------------------------------------------------
+ZERO3_FOUR_NODES = TrainSetup(
+    stage=3, world_size=32, gpus_per_node=8, micro_batch=1, seq_len=4096, grad_accum=4
+)
+
+
+def _comm(setup: TrainSetup, gbit: float = 100.0):
+    from zerofit.speed.step_time import Links, communication_seconds
+
+    links = Links(H100.link_gbps, gbit / 8)
+    return communication_seconds(setup, MODEL, links, MODEL.params)
+
+
+def test_hpz_gathers_across_nodes_once_per_step_then_inside_the_node():
+    """hpZ: the first forward's all-gather crosses nodes; backward's and the later micro steps'
+    forward gathers read the node's secondary shard over NVLink; the gradient reduce-scatter
+    is the plain one."""
+    from zerofit.speed.step_time import LINK_EFFICIENCY
+
+    plain = _comm(ZERO3_FOUR_NODES)
+    hpz = _comm(dataclasses.replace(ZERO3_FOUR_NODES, zero_plus="hpz"))
+    network = 100 / 8 * LINK_EFFICIENCY
+    world_gather = ring_seconds(MODEL.params * 2, 32, network)
+    node_gather = ring_seconds(MODEL.params * 2, 8, H100.link_gbps * LINK_EFFICIENCY)
+    assert plain.during_forward == pytest.approx(4 * world_gather)
+    assert hpz.during_forward == pytest.approx(world_gather + 3 * node_gather)
+    reduce_scatter = plain.during_backward / 4 - world_gather
+    assert hpz.during_backward == pytest.approx(4 * (node_gather + reduce_scatter))
+    assert hpz.during_backward < plain.during_backward / 1.9
+
+
+def test_qwz_halves_the_gathers_and_qgz_cuts_inter_node_gradient_bytes_about_4x():
+    hpz = _comm(dataclasses.replace(ZERO3_FOUR_NODES, zero_plus="hpz"))
+    quantized = _comm(dataclasses.replace(ZERO3_FOUR_NODES, zero_plus="hpz+qwz+qgz"))
+    assert quantized.during_forward == pytest.approx(hpz.during_forward / 2, rel=1e-3)
+    one_micro = dataclasses.replace(ZERO3_FOUR_NODES, grad_accum=1)
+    # over a slow network the reduce dominates backward: int4 over (N-1)/N vs bf16 over (W-1)/W
+    slow_hpz = _comm(dataclasses.replace(one_micro, zero_plus="hpz"), gbit=10)
+    slow_q = _comm(dataclasses.replace(one_micro, zero_plus="hpz+qwz+qgz"), gbit=10)
+    ratio = slow_hpz.during_backward / slow_q.during_backward
+    assert 4.5 < ratio < 5.5  # 2 B x 31/32 against 0.5 B x 3/4: 5.2x
+
+
+def test_zero_plus_changes_nothing_below_stage_3_and_pays_only_on_a_slow_network():
+    stage2 = dataclasses.replace(ZERO3_FOUR_NODES, stage=2)
+    assert _comm(dataclasses.replace(stage2, zero_plus="hpz")) == _comm(stage2)
+    times = {
+        zero_plus: estimate_step_time(
+            dataclasses.replace(ZERO3_FOUR_NODES, zero_plus=zero_plus),
+            MODEL,
+            H100,
+            inter_node_gbps=100,
+        ).total_s
+        for zero_plus in ("none", "hpz", "hpz+qwz+qgz")
+    }
+    assert times["hpz+qwz+qgz"] < times["hpz"] < times["none"]
+    fast = [
+        estimate_step_time(
+            dataclasses.replace(ZERO3_FOUR_NODES, zero_plus=zero_plus),
+            MODEL,
+            H100,
+            inter_node_gbps=3200,
+        ).total_s
+        for zero_plus in ("none", "hpz+qwz+qgz")
+    ]
+    assert fast[0] == pytest.approx(fast[1], rel=0.02)  # 8 NDR ports hide every gather

@@ -69,6 +69,7 @@ def resident_states(model, s, b: int, buckets: dict) -> dict[str, int]:
     on_gpu_opt = s.offload_optimizer == "none"
     if s.stage == 3:
         out["params"] = 0 if s.offload_param != "none" else shard * b
+        out.update(zero_plus_resident(model, s, b))
     else:
         out["params"] = p * b  # bit16_groups_flat: the full flat copy
     if on_gpu_opt:
@@ -109,6 +110,8 @@ def backward_buffers(model, s, b: int, buckets: dict) -> dict[str, int]:
         # the tied embedding's grad from lm_head waits in autograd's buffer until the
         # embedding backward at the very end
         out["tied_embedding_grad"] = model.vocab_size * model.hidden_size * b
+    if s.stage == 3 and "qgz" in s.zero_plus:
+        out["qgz_buffers"] = qgz_buffer_bytes(model, s)
     return out
 
 
@@ -229,7 +232,46 @@ def stage3_live_params(model, s, b: int, buckets: dict) -> int:
     # (param_layout.zero3_kept_gathered_elements); stage3_max_live_parameters only caps prefetch
     reuse = int(buckets.get("stage3_max_reuse_distance", 1_000_000_000))
     kept = zero3_kept_gathered_elements(model, reuse, s.gradient_checkpointing)
-    return min(max(live, kept), model.params) * b
+    return min(max(live, kept), model.params) * b + qwz_gather_buffer_bytes(model, s, prefetch)
+
+
+# --- ZeRO++ (stage 3 across nodes; planning/options.py) ----------------------------------------
+def zero_plus_resident(model, s, b: int) -> dict[str, int]:
+    """hpZ's secondary partition: ``partition_parameters.py`` ``Init._partition_param_sec`` gives
+    every parameter, when forward releases it, a second 16-bit shard of
+    ``tensor_size // num_ranks_in_param_group`` elements (``dtype=param.dtype``) on
+    ``Init.remote_device``, the GPU unless parameters are offloaded; the group is
+    ``zero_hpz_partition_size`` ranks, a node. It lives through backward (whose all-gather reads
+    it) and the optimizer step, until ``stage3.py`` ``_post_step`` ->
+    ``invalidate_secondary_tensor``: params x b / GPUs per node on each rank."""
+    if not s.zero_plus.startswith("hpz") or s.offload_param != "none":
+        return {}
+    group = max(1, min(s.gpus_per_node, s.world_size))
+    return {"hpz_secondary_params": math.ceil(model.params / group) * b}
+
+
+def qwz_gather_buffer_bytes(model, s, prefetch: int) -> int:
+    """qwZ: a quantized all-gather lands in an int8 buffer of the gathered elements before it is
+    dequantized into the parameters (``Init._all_gather_coalesced``: ``torch.empty(partition_sz
+    * world_size, dtype=torch.int8)``, fp32 scales per group of at most 8,000 elements,
+    ``CUDAQuantizer.target_group_size``). The module being computed has been dequantized already
+    (``AllGatherCoalescedHandle.wait``), so what is alive beside it is the prefetch in flight:
+    one byte per element of the prefetch bucket."""
+    if "qwz" not in s.zero_plus:
+        return 0
+    return min(prefetch, model.params)
+
+
+def qgz_buffer_bytes(model, s) -> int:
+    """qgZ's temporaries while one gradient is reduced (runtime/comm/coalesced_collectives.py
+    ``all_to_all_quant_reduce``, one parameter at a time): the int4 copy of the whole gradient
+    and its intra-node all-to-all output (half a byte per element each), the int4 node-level
+    partial sums sent and received across nodes (1/L of it each) and their dequantized 16-bit
+    result (``quantizer_module.dequantize``, 2 bytes per element of 1/L), L the GPUs per node;
+    the largest parameter (the LM head or embedding) sets it."""
+    largest = largest_param(model)
+    per_node = max(1, min(s.gpus_per_node, s.world_size))
+    return largest + math.ceil(3 * largest / per_node)
 
 
 def cpu_bytes_per_rank(model, s, b: int, buckets: dict) -> int:

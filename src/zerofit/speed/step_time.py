@@ -22,6 +22,7 @@ The named constants below are the only fitted numbers; each says its value and t
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from zerofit.hardware import GpuSpec
@@ -213,8 +214,11 @@ def communication_seconds(
       (runtime/zero/partitioned_param_coordinator.py ``fetch_sub_module`` ->
       partition_parameters.py ``Init``'s ``all_gather_coalesced``) and reduce-scatters the
       gradients (stage3.py ``DeepSpeedZeroOptimizer_Stage3.__reduce_and_partition_ipg_grads`` ->
-      ``reduce_scatter_coalesced``); frozen weights are gathered all the same.
+      ``reduce_scatter_coalesced``); frozen weights are gathered all the same. ZeRO++ changes
+      which links these cross and how many bytes they carry (``zero_plus_communication_seconds``).
     """
+    if setup.stage == 3 and setup.zero_plus != "none":
+        return zero_plus_communication_seconds(setup, model, links, trainable)
     ranks = setup.world_size
     bandwidth = links.ring_gbps(setup)
     grad_bytes = trainable * 2  # 16-bit gradients (DeepSpeed reduces in the compute dtype)
@@ -230,6 +234,57 @@ def communication_seconds(
         return CommSeconds(0.0, micro_steps * reduce_scatter, gather_trainable)
     gather = ring_seconds(param_bytes, ranks, bandwidth)
     return CommSeconds(micro_steps * gather, micro_steps * (gather + reduce_scatter), 0.0)
+
+
+# qwZ's bytes per gathered element: int8 weights and one fp32 scale per group of at most 8,000
+# (partition_parameters.py ``CUDAQuantizer.quantize``, ``target_group_size = 8000``).
+QWZ_BYTES_PER_ELEMENT = 1 + 4 / 8000
+# qgZ's bytes per gradient element: int4 (coalesced_collectives.py ``all_to_all_quant_reduce``:
+# ``swizzle_quant(tensor, ..., 4, ...)``), scales left out (one per row or column group).
+QGZ_BYTES_PER_ELEMENT = 0.5
+
+
+def zero_plus_communication_seconds(
+    setup: TrainSetup, model: ModelSpec, links: Links, trainable: int
+) -> CommSeconds:
+    """ZeRO-3's collectives under ZeRO++ (planning/options.py), as DeepSpeed 0.19 issues them.
+
+    - hpZ: forward releases each parameter into a second shard inside the node
+      (partition_parameters.py ``Init._partition_param_sec``), and every later all-gather of it
+      reads that shard over the node's ring (``Init._all_gather``: ``use_secondary_tensor`` ->
+      ``zero_param_process_group``) until the optimizer step drops it (stage3.py
+      ``_post_step`` -> ``invalidate_secondary_tensor``). So only the first micro step's forward
+      gathers across nodes; backward's and the later micro steps' forward gathers stay inside
+      the node.
+    - qwZ: every all-gather, the node's included, sends int8 weights and fp32 group scales
+      instead of 16-bit weights (``_all_gather_coalesced`` with ``quantize``).
+    - qgZ: the gradients of 2-D weights leave through an int4 all-to-all inside the node, a local
+      reduction, and an int4 all-to-all between the nodes (coalesced_collectives.py
+      ``all_to_all_quant_reduce``, called by stage3.py ``__avg_scatter_grads`` only when
+      ``num_nodes > 1``): each GPU sends (L-1)/L of its gradient over the node's link, each node
+      (N-1)/N of one gradient's worth over its network, both in int4, where the ring
+      reduce-scatter sends (W-1)/W of 16-bit gradients through the network: about 4x fewer bytes
+      between nodes.
+    """
+    ranks = setup.world_size
+    per_node = max(1, min(setup.gpus_per_node, ranks))
+    nodes = math.ceil(ranks / per_node)
+    intra = links.intra_node_gbps * LINK_EFFICIENCY
+    network = links.inter_node_gbps * LINK_EFFICIENCY
+    world = links.ring_gbps(setup)
+    micro_steps = setup.grad_accum
+    weight_bytes = QWZ_BYTES_PER_ELEMENT if "qwz" in setup.zero_plus else 2
+    world_gather = ring_seconds(model.params * weight_bytes, ranks, world)
+    node_gather = ring_seconds(model.params * weight_bytes, per_node, intra)
+    if "qgz" in setup.zero_plus and nodes > 1:
+        grad_bytes = trainable * QGZ_BYTES_PER_ELEMENT
+        reduce = ring_seconds(grad_bytes, per_node, intra) + ring_seconds(
+            grad_bytes, nodes, network
+        )
+    else:
+        reduce = ring_seconds(trainable * 2, ranks, world)
+    forward = world_gather + (micro_steps - 1) * node_gather
+    return CommSeconds(forward, micro_steps * (node_gather + reduce), 0.0)
 
 
 def offload_seconds(setup: TrainSetup, model: ModelSpec, trainable: int) -> tuple[float, float]:
