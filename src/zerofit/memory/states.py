@@ -252,7 +252,8 @@ def zero_plus_resident(model, s, b: int) -> dict[str, int]:
 
 def qwz_gather_buffer_bytes(model, s, prefetch: int) -> int:
     """qwZ: a quantized all-gather lands in an int8 buffer of the gathered elements before it is
-    dequantized into the parameters (``Init._all_gather_coalesced``: ``torch.empty(partition_sz
+    dequantized into the parameters (``_all_gather_coalesced`` in
+    ``Init._convert_to_deepspeed_param``: ``torch.empty(partition_sz
     * world_size, dtype=torch.int8)``, fp32 scales per group of at most 8,000 elements,
     ``CUDAQuantizer.target_group_size``). The module being computed has been dequantized already
     (``AllGatherCoalescedHandle.wait``), so what is alive beside it is the prefetch in flight:

@@ -251,7 +251,8 @@ def zero_plus_communication_seconds(
 
     - hpZ: forward releases each parameter into a second shard inside the node
       (partition_parameters.py ``Init._partition_param_sec``), and every later all-gather of it
-      reads that shard over the node's ring (``Init._all_gather``: ``use_secondary_tensor`` ->
+      reads that shard over the node's ring (a parameter's ``all_gather_coalesced``, set by
+      ``Init._convert_to_deepspeed_param``: ``use_secondary_tensor`` ->
       ``zero_param_process_group``) until the optimizer step drops it (stage3.py
       ``_post_step`` -> ``invalidate_secondary_tensor``). So only the first micro step's forward
       gathers across nodes; backward's and the later micro steps' forward gathers stay inside
