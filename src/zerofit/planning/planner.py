@@ -5,10 +5,12 @@ the speed model (speed/step_time.py ``estimate_step_time``) on the network the a
 (``Network``). All candidates of one plan train the same global batch, each GPU the same
 sequences per optimizer step, so their step times compare directly whatever their micro batch
 and accumulation. The fastest fit wins; fits within ``NEAR_TIE`` (3 %) of it are a tie the
-model cannot call, and the tie goes to the one with the most memory to spare: a fit that leaves
+model cannot call, and the tie goes to the one with more memory to spare: a fit that leaves
 less than the median fragmentation of long runs (``Candidate.tight``, memory/overheads.py:
 public OOM messages lost a median 1.25 GiB to it) is one varying batch away from an OOM at
-hour 20.
+hour 20. Spare memory counts up to that median: beyond it a fit is roomy, and between roomy
+fits of a tie the faster wins, then the simpler (the grid's order: lower stage, no offload, no
+checkpointing, smaller micro batch), so that 0.2 GiB more spare never decides a plan.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from typing import Any
 from zerofit.errors import ZerofitError
 from zerofit.hardware import GpuSpec, pcie_link_gbps
 from zerofit.memory.estimate import GIB, MemoryEstimate, TrainSetup, estimate_memory
-from zerofit.memory.overheads import is_tight
+from zerofit.memory.overheads import FRAGMENTATION_AT_OOM_MEDIAN_GIB, is_tight
 from zerofit.planning.answers import Answers
 from zerofit.planning.options import TrainingOption, all_options
 from zerofit.speed.step_time import DEFAULT_INTER_NODE_GBITS, StepTime, estimate_step_time
@@ -462,10 +464,13 @@ def step_time_of(inputs: PlanInputs, setup: TrainSetup) -> StepTime:
 def fastest_of(fitting: list[Candidate]) -> Candidate:
     """The predicted fastest of ``fitting`` (every one trains the same sequences per optimizer
     step, so step times compare across micro batches); among those within ``NEAR_TIE`` of it,
-    the one with the most memory to spare."""
+    the one with more memory to spare, counted up to what long runs lose to fragmentation, then
+    the faster, then the first in the grid (see the module docstring)."""
     fastest = min(c.step_s for c in fitting)
     near = [c for c in fitting if c.step_s <= fastest * (1 + NEAR_TIE)]
-    return max(near, key=lambda c: (c.spare_gib, -c.step_s))
+    return max(
+        near, key=lambda c: (min(c.spare_gib, FRAGMENTATION_AT_OOM_MEDIAN_GIB), -c.step_s)
+    )
 
 
 def best_of(candidates: list[Candidate]) -> Candidate:

@@ -1,4 +1,10 @@
-"""Reasons for each planner decision and, when nothing fits, computed suggestions of what would."""
+"""Reasons for each planner decision and, when nothing fits, computed suggestions of what would.
+
+A decision between two fits quotes both predicted step times (speed/step_time.py) and the term
+that makes the slower one slower: "ZeRO-2, micro 4 at 1.9 s/step beats ZeRO-3, micro 4 at
+2.6 s/step: 0.62 s more exposed communication". Fits within ``planner.NEAR_TIE`` of the fastest
+are a tie, and the reason says the chosen one leaves more memory to spare.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +12,7 @@ from zerofit.hardware import CATALOG
 from zerofit.models.resolve import param_count_words
 from zerofit.planning.decision import Decision
 from zerofit.planning.options import TrainingOption
-from zerofit.planning.planner import Candidate, PlanInputs, best_of, fastest_fit
+from zerofit.planning.planner import NEAR_TIE, Candidate, PlanInputs, best_of, fastest_fit
 from zerofit.planning.verdicts import (
     budget_verdict,
     gib,
@@ -19,6 +25,61 @@ from zerofit.planning.verdicts import (
 SUGGESTED_NODES = (2, 4, 8, 16, 32, 64, 128)
 SUGGESTED_GPUS_PER_NODE = (2, 4, 8)
 
+# how a reason names each term of speed/step_time.py's StepTime.breakdown
+TERM_WORDS = {
+    "compute_s": "compute",
+    "recompute_s": "recomputed forward",
+    "exposed_comm_s": "exposed communication",
+    "offload_transfer_s": "offload transfers over PCIe",
+    "cpu_optimizer_s": "CPU Adam step",
+    "gpu_optimizer_s": "GPU optimizer step",
+    "overhead_s": "fixed per-step cost",
+}
+
+
+def step_words(candidate: Candidate, workload: str) -> str:
+    """'1.9 s/step' (GRPO: the training part; its generation is not modeled)."""
+    seconds = candidate.step_s
+    value = f"{seconds:.1f}" if seconds >= 1 else f"{seconds:.2f}"
+    return f"{value} s/step" + (" of training" if workload == "grpo" else "")
+
+
+def slower_by(faster: Candidate, slower: Candidate) -> str:
+    """'0.62 s more exposed communication': the term that grows most from ``faster`` to
+    ``slower``."""
+    fast_terms, slow_terms = faster.step.breakdown(), slower.step.breakdown()
+    term = max(slow_terms, key=lambda name: slow_terms[name] - fast_terms[name])
+    return f"{slow_terms[term] - fast_terms[term]:.2f} s more {TERM_WORDS[term]}"
+
+
+def speed_words(chosen: Candidate, rival: Candidate, pool: list[Candidate], workload: str) -> str:
+    """Why ``chosen`` and not ``rival`` (both fit), in predicted seconds per step: it is faster,
+    or the two are within ``NEAR_TIE`` of the fastest fit and it leaves more memory to spare
+    (planner.fastest_of), or they tie with room in both and it is the simpler one."""
+    fastest = min(c.step_s for c in pool if c.fits)
+    ours, theirs = step_words(chosen, workload), step_words(rival, workload)
+    tie = rival.step_s <= fastest * (1 + NEAR_TIE)
+    if tie and chosen.tight != rival.tight:
+        return (
+            f"{chosen.label()} at {ours} and {rival.label()} at {theirs} are within "
+            f"{NEAR_TIE:.0%} of the fastest, a tie; the first leaves {gib(chosen.spare_gib)} to "
+            f"spare, the second only {gib(rival.spare_gib)}"
+        )
+    if chosen.step_s < rival.step_s:
+        return f"{chosen.label()} at {ours} beats {rival.label()} at {theirs}: " + slower_by(
+            chosen, rival
+        )
+    return (
+        f"{chosen.label()} and {rival.label()} both take {ours} with room to spare: the simpler "
+        "one"
+    )
+
+
+def fastest_fit_of(pool: list[Candidate], **option_fields) -> Candidate | None:
+    """The best fit of ``pool`` whose option has ``option_fields``; None when none fits."""
+    fitting = [c for c in pool if c.fits]
+    return _best_where(fitting, **option_fields) if fitting else None
+
 
 def _host_need(candidate: Candidate) -> str:
     check = candidate.check
@@ -26,12 +87,18 @@ def _host_need(candidate: Candidate) -> str:
 
 
 def _best_where(pool: list[Candidate], **option_fields) -> Candidate | None:
-    """The best candidate of ``pool`` whose option has ``option_fields``; None when none has."""
-    group = [
-        c
-        for c in pool
-        if all(getattr(c.option, name) == value for name, value in option_fields.items())
-    ]
+    """The best candidate of ``pool`` whose option has ``option_fields``; None when none has.
+    A field name prefixed ``not_`` asks for options that differ in it."""
+    def matches(candidate: Candidate) -> bool:
+        for name, value in option_fields.items():
+            if name.startswith("not_"):
+                if getattr(candidate.option, name[4:]) == value:
+                    return False
+            elif getattr(candidate.option, name) != value:
+                return False
+        return True
+
+    group = [c for c in pool if matches(c)]
     return best_of(group) if group else None
 
 
@@ -94,15 +161,16 @@ def decide_stage(chosen: Candidate, pool: list[Candidate], inputs: PlanInputs) -
         )
     elif lower:
         next_lower = max(lower, key=lambda c: c.option.stage)
+        why = f"stage {stage}: {needs}"
         if next_lower.tight and not chosen.tight:
-            verdict = tight_words(next_lower)
-        elif next_lower.fits:
-            verdict = "fits but is slower"
-        else:
-            verdict = budget_verdict(next_lower.check)
-        why = f"stage {stage}: {needs}; stage {next_lower.option.stage} {verdict}"
+            why += f"; stage {next_lower.option.stage} {tight_words(next_lower)}"
+        elif not next_lower.fits:
+            why += f"; stage {next_lower.option.stage} {budget_verdict(next_lower.check)}"
     else:
         why = f"stage {stage}: {needs}"
+    rival = fastest_fit_of(pool, not_stage=stage)
+    if chosen.fits and rival:
+        why += "; " + speed_words(chosen, rival, pool, answers.workload)
     if stage in (1, 2) and inputs.world_size == 1:
         why += "; on one GPU stages 1 and 2 partition nothing, the lowest that fits is simplest"
     return Decision("stage", stage, why)
@@ -114,14 +182,20 @@ def decide_offload(chosen: Candidate, pool: list[Candidate], inputs: PlanInputs)
     value = f"{option.offload_optimizer}/{option.offload_param}"
     if answers.offload_optimizer is not None or answers.offload_param is not None:
         return Decision("offload", value, _offload_overrides_reason(option, answers))
+    workload = answers.workload
     if not option.offloaded:
-        why = "none: everything fits on the GPU, and offloading would slow each step several times"
+        why = "none: everything fits on the GPU"
+        offloaded = [c for c in pool if c.fits and c.option.offloaded]
+        if chosen.fits and offloaded:
+            why += "; " + speed_words(chosen, best_of(offloaded), pool, workload)
         return Decision("offload", value, why)
     gpu_only = _best_where(pool, offload_optimizer="none", offload_param="none")
     why = f"optimizer on {option.offload_optimizer}"
     if option.offload_param != "none":
         why += f", params on {option.offload_param}"
-    if gpu_only:
+    if gpu_only and gpu_only.fits and chosen.fits:
+        why += ": " + speed_words(chosen, gpu_only, pool, workload)
+    elif gpu_only:
         why += f": without offload the best {budget_verdict(gpu_only.check)}"
     why += f"; needs {_host_need(chosen)}"
     return Decision("offload", value, why)
@@ -145,21 +219,28 @@ def decide_checkpointing(
     chosen: Candidate, pool: list[Candidate], inputs: PlanInputs
 ) -> Decision:
     """Gradient checkpointing, against the same option without it."""
-    option = chosen.option
+    option, workload = chosen.option, inputs.answers.workload
     if inputs.answers.gradient_checkpointing is not None:
         why = f"{'on' if option.gradient_checkpointing else 'off'}: set by you"
-    elif not option.gradient_checkpointing:
+        return Decision("gradient_checkpointing", option.gradient_checkpointing, why)
+    other = _best_where(
+        pool,
+        stage=option.stage,
+        offload_optimizer=option.offload_optimizer,
+        offload_param=option.offload_param,
+        zero_plus=option.zero_plus,
+        gradient_checkpointing=not option.gradient_checkpointing,
+    )
+    compared = chosen.fits and other is not None and other.fits
+    if not option.gradient_checkpointing:
         why = "off: activations fit, so no forward is recomputed"
+        if compared:
+            why += "; " + speed_words(chosen, other, pool, workload)
+    elif compared:
+        why = "on: " + speed_words(chosen, other, pool, workload)
     else:
-        without = _best_where(
-            pool,
-            stage=option.stage,
-            offload_optimizer=option.offload_optimizer,
-            offload_param=option.offload_param,
-            gradient_checkpointing=False,
-        )
         why = "on: " + (
-            f"without it the best {budget_verdict(without.check)}" if without else "needed to fit"
+            f"without it the best {budget_verdict(other.check)}" if other else "needed to fit"
         )
     return Decision("gradient_checkpointing", option.gradient_checkpointing, why)
 
@@ -174,12 +255,18 @@ def decide_micro_batch(chosen: Candidate, pool: list[Candidate], inputs: PlanInp
         why = f"{micro_batch}: the largest that divides each GPU's share of the global batch"
         return Decision("micro_batch", micro_batch, why)
     next_bigger = min(bigger, key=lambda c: c.micro_batch)
-    lead = "the largest that fits" if chosen.fits else "the least memory"
-    if next_bigger.tight and not chosen.tight:
-        lead, verdict = "the largest that fits with room", tight_words(next_bigger)
-    else:
+    if not chosen.fits:
         verdict = budget_verdict(next_bigger.check)
-    why = f"{micro_batch}: {lead}; micro {next_bigger.micro_batch} {verdict}"
+        why = f"{micro_batch}: the least memory; micro {next_bigger.micro_batch} {verdict}"
+    elif not next_bigger.fits:
+        verdict = budget_verdict(next_bigger.check)
+        why = f"{micro_batch}: the largest that fits; micro {next_bigger.micro_batch} {verdict}"
+    elif next_bigger.tight and not chosen.tight:
+        verdict = tight_words(next_bigger)
+        why = f"{micro_batch}: the largest that fits with room; micro {next_bigger.micro_batch} "
+        why += verdict
+    else:
+        why = f"{micro_batch}: " + speed_words(chosen, next_bigger, pool, inputs.answers.workload)
     return Decision("micro_batch", micro_batch, why)
 
 
