@@ -212,3 +212,66 @@ def test_comment_key_is_accepted_by_deepspeed_top_level_only():
     ds["zero_optimization"]["_comment"] = "x"
     with pytest.raises(Exception, match="xtra|_comment"):
         deepspeed_accepts(ds, world=8)  # zero_optimization is a pydantic model with extra="forbid"
+
+
+# --- ZeRO++ (plan.zero_plus: stage 3 across nodes) ---------------------------------------------
+def _two_node_plan(zero_plus: str, flavour: str = "explicit"):
+    from dataclasses import replace
+
+    return replace(_plan(3, flavour=flavour, num_nodes=2), zero_plus=zero_plus)
+
+
+def test_zero_plus_writes_the_keys_deepspeed_reads_with_a_node_sized_hpz_group():
+    assert "zero_hpz_partition_size" not in build_zero_config(_plan(3))["zero_optimization"]
+    hpz = build_zero_config(_two_node_plan("hpz"))
+    assert hpz["zero_optimization"]["zero_hpz_partition_size"] == 8
+    assert "zero_quantized_weights" not in hpz["zero_optimization"]
+    assert "hpZ" in hpz["_comment"] and "8 GPUs" in hpz["_comment"]
+    ds = build_zero_config(_two_node_plan("hpz+qwz+qgz"))
+    zero = deepspeed_accepts(ds, world=16).zero_config  # DeepSpeedZeroConfig
+    assert (zero.zero_hpz_partition_size, zero.zero_quantized_weights) == (8, True)
+    assert zero.zero_quantized_gradients is True
+    assert "quantizer CUDA op" in ds["_comment"]
+
+
+@pytest.mark.parametrize("flavour", ["explicit", "auto"])
+def test_zerofit_config_files_of_a_zero_plus_plan_pass_check(flavour):
+    """`zerofit config`'s files (outputs.render_files) for a 2-node hpZ/qwZ/qgZ plan: check finds
+    no error; on this CPU-only DeepSpeed it warns that the quantized paths need CUDA."""
+    from zerofit.configs.check import check_files
+    from zerofit.configs.outputs import render_files
+
+    def checked_files(zero_plus: str) -> dict[str, str]:
+        texts = render_files(_two_node_plan(zero_plus, flavour), ds_config_file="ds_config.json")
+        return {name: texts[name] for name in ("ds_config.json", "accelerate.yaml")}
+
+    client = "trainer" if flavour == "auto" else None  # who fills the "auto" values
+    problems = check_files(checked_files("hpz+qwz+qgz"), exists=lambda path: True, client=client)
+    assert [p.render() for p in problems if p.severity != "warning"] == []
+    warned = [p for p in problems if "zero_quantized" in p.path]
+    assert warned and "CUDA" in warned[0].message
+    assert check_files(checked_files("hpz"), exists=lambda path: True, client=client) == []
+
+
+def test_check_warns_where_zero_plus_cannot_work():
+    """ZeRO++ below stage 3 is ignored, an hpZ group must divide the world (DeepSpeed asserts)
+    and is useless when it spans it; MiCS is refused as DeepSpeed 0.19 refuses it."""
+    from zerofit.configs.check import check_deepspeed
+
+    def findings(zero: dict, world: int) -> list[tuple[str, str]]:
+        cfg = {"train_batch_size": world, "train_micro_batch_size_per_gpu": 1}
+        cfg["gradient_accumulation_steps"] = 1
+        problems = check_deepspeed({**cfg, "zero_optimization": zero}, "ds.json", world=world)
+        return [(p.path.split(".")[-1], p.severity) for p in problems]
+
+    assert findings({"stage": 2, "zero_hpz_partition_size": 8}, 16) == [
+        ("zero_hpz_partition_size", "warning")
+    ]
+    assert findings({"stage": 3, "zero_hpz_partition_size": 3}, 16) == [
+        ("zero_hpz_partition_size", "error")
+    ]
+    assert findings({"stage": 3, "zero_hpz_partition_size": 8}, 8) == [
+        ("zero_hpz_partition_size", "warning")
+    ]
+    assert findings({"stage": 3, "zero_hpz_partition_size": 8}, 16) == []
+    assert ("mics_shard_size", "error") in findings({"stage": 3, "mics_shard_size": 8}, 16)

@@ -49,6 +49,17 @@ We keep DeepSpeed's default (true): DeepSpeedCPUAdam is the vectorised, multi-th
 DeepSpeed's offload path is built and tested for; a torch AdamW stepping the fp32 master copy on the
 CPU is several times slower and runs on DeepSpeed's "untested optimizer" path. The cost is a one-off
 cpu_adam compilation (~80 s, cached) on first use.
+
+ZeRO++ (``plan.zero_plus``, stage 3 across nodes; planning/options.py): the keys
+``DeepSpeedZeroConfig`` reads (deepspeed/runtime/zero/config.py): ``zero_hpz_partition_size``
+set to the GPUs of one node (the secondary partition of partition_parameters.py
+``Init._partition_param_sec``; DeepSpeed's ZeRO++ tutorial sets it so), and for qwZ/qgZ
+``zero_quantized_weights`` and ``zero_quantized_gradients``. The quantized paths run DeepSpeed's
+quantizer op (op_builder/quantizer.py ``QuantizerBuilder``, CUDA kernels built at first use), and
+qgZ's groups take a node to be every GPU the node shows (utils/groups.py
+``_get_local_all_to_all_group``: ``device_count()``); the ``_comment`` says both. MiCS is never
+written: DeepSpeed 0.19 refuses ``mics_shard_size`` (runtime/config.py
+``_REMOVED_ZERO_CONFIG_KEYS``).
 """
 
 from __future__ import annotations
@@ -140,7 +151,21 @@ def build_zero_section(plan, auto: bool = False) -> dict[str, Any]:
             zero["offload_param"] = _offload_block(plan.offload_param, nvme_path, pin)
         # Without this, save_model()/save_pretrained under ZeRO-3 writes near-empty weight files.
         zero["stage3_gather_16bit_weights_on_model_save"] = True
+        zero.update(build_zero_plus_keys(plan))
     return zero
+
+
+def build_zero_plus_keys(plan) -> dict[str, Any]:
+    """ZeRO++'s keys for the plan's ``zero_plus`` (none: no key, DeepSpeed's defaults)."""
+    zero_plus = plan.zero_plus
+    if zero_plus == "none":
+        return {}
+    keys: dict[str, Any] = {"zero_hpz_partition_size": plan.answers.gpus_per_node}
+    if "qwz" in zero_plus:
+        keys["zero_quantized_weights"] = True
+    if "qgz" in zero_plus:
+        keys["zero_quantized_gradients"] = True
+    return keys
 
 
 def _offload_block(device: str, nvme_path: str | None, pin: bool) -> dict[str, Any]:
@@ -165,6 +190,9 @@ def _comment(plan, auto: bool) -> str:
         parts.append(f"optimizer offload to {plan.offload_optimizer} (DeepSpeedCPUAdam)")
     if plan.stage == 3 and plan.offload_param != "none":
         parts.append(f"parameter offload to {plan.offload_param}")
+    zero_plus = plan.zero_plus
+    if plan.stage == 3 and zero_plus != "none":
+        parts.append(_zero_plus_comment(zero_plus, plan.answers.gpus_per_node))
     if plan.answers.optimizer_block:
         parts.append(
             "AdamW optimizer block" + ("" if auto else " (torch defaults: set lr to yours)")
@@ -187,3 +215,17 @@ def _comment(plan, auto: bool) -> str:
             f"{plan.world_size} GPUs; for plain accelerate/DeepSpeed scripts"
         )
     return "; ".join(parts)
+
+
+def _zero_plus_comment(zero_plus: str, gpus_per_node: int) -> str:
+    """What ZeRO++ does here and what it needs, for the ``_comment``."""
+    text = (
+        f"ZeRO++ hpZ: a second copy of the parameters sharded over each node's {gpus_per_node} "
+        "GPUs, so backward gathers inside the node"
+    )
+    if "qwz" in zero_plus:
+        text += (
+            "; qwZ/qgZ: int8 weight gathers and int4 gradient all-to-all, built from DeepSpeed's "
+            "quantizer CUDA op at first use, with every GPU a node shows in the job"
+        )
+    return text

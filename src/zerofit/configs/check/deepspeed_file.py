@@ -58,6 +58,7 @@ def check_deepspeed(
     # a removed block is reported once, whole: its "auto" values are not judged on their own
     problems += check_autos({k: v for k, v in cfg.items() if k not in removed}, name, client)
     problems += _check_offload(cfg, name)
+    problems += _check_zero_plus(cfg, name, world)
     problems += _check_precision(cfg, name, gpu_bf16)
     problems += check_batch(cfg, name, world)
     if client == "trainer":
@@ -366,6 +367,75 @@ def _check_offload(cfg: dict, name: str) -> list[Problem]:
                 )
             )
     return problems
+
+
+def _check_zero_plus(cfg: dict, name: str, world: int | None) -> list[Problem]:
+    """ZeRO++ where it cannot work: below stage 3 (runtime/engine.py
+    ``_configure_zero_optimizer`` hands ``zero_hpz_partition_size`` and the quantized flags only
+    to the stage-3 optimizer), an hpZ group the world does not divide into (utils/groups.py
+    ``_create_zero_param_parallel_group``: ``_ensure_divisibility``) or that spans every rank,
+    and qwZ/qgZ without CUDA (partition_parameters.py ``CUDAQuantizer`` and
+    coalesced_collectives.py ``all_to_all_quant_reduce`` load op_builder/quantizer.py
+    ``QuantizerBuilder``, a CUDA op)."""
+    zero = cfg.get("zero_optimization")
+    zero = zero if isinstance(zero, dict) else {}
+    hpz = zero.get("zero_hpz_partition_size", 1)
+    hpz = hpz if is_int(hpz) else 1
+    quantized = [key for key in _QUANTIZED_KEYS if zero.get(key) is True]
+    where = f"{name}:zero_optimization."
+    if zero.get("stage", 0) != 3:
+        return [
+            Problem(
+                where + key,
+                f"is ZeRO++, which only ZeRO stage 3 runs (stage is {zero.get('stage', 0)})",
+                "set zero_optimization.stage to 3, or remove it",
+                "warning",
+            )
+            for key in (["zero_hpz_partition_size"] if hpz > 1 else []) + quantized
+        ]
+    problems = []
+    if hpz > 1 and world is not None and world % hpz:
+        problems.append(
+            Problem(
+                where + "zero_hpz_partition_size",
+                f"{hpz} does not divide the {world} processes; DeepSpeed stops at start-up",
+                "set it to the GPUs per node",
+            )
+        )
+    elif hpz > 1 and world is not None and hpz >= world:
+        problems.append(
+            Problem(
+                where + "zero_hpz_partition_size",
+                f"{hpz} spans all {world} processes: the secondary partition repeats the "
+                "primary one and only costs memory",
+                "set it to the GPUs per node of a multi-node job, or remove it",
+                "warning",
+            )
+        )
+    accelerator = _accelerator_name()
+    if quantized and accelerator not in (None, "cuda"):
+        problems.append(
+            Problem(
+                where + quantized[0],
+                f"needs DeepSpeed's quantizer op, built for CUDA GPUs; this DeepSpeed runs on "
+                f"{accelerator}",
+                "run it on CUDA/ROCm GPU nodes, or remove the quantized ZeRO++ flags",
+                "warning",
+            )
+        )
+    return problems
+
+
+_QUANTIZED_KEYS = ("zero_quantized_weights", "zero_quantized_gradients")
+
+
+def _accelerator_name() -> str | None:
+    """The accelerator DeepSpeed picked on this machine (cuda, cpu, ...), None if unknown."""
+    try:
+        accelerator = import_deepspeed("deepspeed.accelerator").get_accelerator()
+        return accelerator.device_name()
+    except Exception:  # an accelerator probe that fails says nothing about the config
+        return None
 
 
 def _enabled(block: Any) -> Any:
