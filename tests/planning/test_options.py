@@ -47,3 +47,24 @@ def test_overrides_narrow_the_grid():
 def test_an_offload_the_stage_cannot_run_names_the_fix():
     with pytest.raises(ZerofitError, match="offload_param.*stage 3"):
         allowed_options(Answers(stage=2, offload_param="cpu"))
+
+
+def test_zero_plus_is_searched_at_stage_3_across_nodes_only():
+    """One node: the 16 options of today, none with ZeRO++. Two nodes: each stage-3 option with
+    the parameters on the GPU comes also with hpZ and with hpZ/qwZ/qgZ (8 more); offloaded
+    parameters never (hpZ's secondary shard would live on the host)."""
+    assert all(o.zero_plus == "none" for o in all_options())
+    assert allowed_options(Answers(gpus_per_node=8)) == all_options()
+    two_nodes = allowed_options(Answers(gpus_per_node=8, num_nodes=2))
+    assert two_nodes == all_options(num_nodes=2) and len(two_nodes) == 24
+    with_plus = [o for o in two_nodes if o.zero_plus != "none"]
+    assert len(with_plus) == 8
+    assert {(o.stage, o.offload_param) for o in with_plus} == {(3, "none")}
+    assert {o.zero_plus for o in with_plus} == {"hpz", "hpz+qwz+qgz"}
+    assert TrainingOption(3, "cpu", "none", True, "hpz+qwz+qgz").zero_plus_label == (
+        " + hpZ/qwZ/qgZ"
+    )
+    assert TrainingOption(3).zero_plus_label == ""
+    # the user's overrides narrow it the same way
+    stage3 = allowed_options(Answers(gpus_per_node=8, num_nodes=2, stage=3, offload_param="cpu"))
+    assert {o.zero_plus for o in stage3} == {"none"}
