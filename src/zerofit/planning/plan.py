@@ -227,7 +227,7 @@ def plan(answers: Answers, model: Any = None) -> Plan:
     micro_batches = micro_choices(answers, per_rank)
     allowed = allowed_options(answers)
     inputs = plan_inputs(model, answers, gpu, precision, per_rank)
-    grid = evaluate_grid(inputs, allowed + all_options(), micro_batches)
+    grid = evaluate_grid(inputs, allowed + all_options(answers.num_nodes), micro_batches)
     pool = [c for c in grid if c.option in allowed]
     chosen = best_of(pool)
     steps = run_optimizer_steps(answers, answers.seq_len, global_batch)
@@ -259,7 +259,9 @@ def alternatives_of(
     from zerofit.planning.planner import best_of
 
     rows = []
-    for option in all_options():
+    # the grid's order with ZeRO++ (all_options of more than one node): its rows appear only
+    # where the grid holds them, i.e. across nodes
+    for option in all_options(num_nodes=2):
         of_option = [c for c in grid if c.option == option]
         if of_option:
             rows.append(Alternative.of(best_of(of_option), workload, steps))
