@@ -66,6 +66,11 @@ JSON_KEYS = [
     "tokens_per_s_per_gpu",
     "mfu",
     "time_breakdown",
+    "run_time_h",
+    "optimizer_steps",
+    "interconnect",
+    "intra_node_gbps",
+    "inter_node_gbps",
 ]
 
 

@@ -2,8 +2,8 @@
 
 Flag names are the field names with dashes (``--gpus-per-node``), except ``--flavor`` (the
 ``flavour`` field); ``_FLAG_NAMES`` lists those and the aliases (``--nodes``, ``--flavour``,
-``--main-addr``, ``--main-port``). ``--answers FILE`` is extra. Values given on the command line
-override the file.
+``--main-addr``, ``--main-port``). ``--answers FILE`` and ``--cluster-facts FILE`` are extra.
+Values given on the command line override the cluster facts, which override the answers file.
 """
 
 from __future__ import annotations
@@ -62,6 +62,19 @@ _HELP = {
     "weights_dtype": "stage 0 without DeepSpeed: dtype the weights are loaded in, fp32 (default: "
     "TRL given a model name, our recipes) or bf16 (torch_dtype=bfloat16; Adam states and grads "
     "then are bf16 too)",
+    "interconnect": "the GPUs' link inside a node: auto (default: the GPU's usual one, NVLink on "
+    "SXM parts, PCIe on PCIe cards), nvlink, or pcie (the card's PCIe generation at x16: "
+    "Gen5 64 GB/s per direction on Hopper/Blackwell, Gen4 32 on Ampere/Ada, Gen3 16 on "
+    "Volta/Turing)",
+    "inter_node_gbps": "network between nodes in Gbit/s per node, as NICs are sold (default: "
+    "--cluster-facts, else 100; only matters on more than one node)",
+    "intra_node_gbps": "measured link inside a node in GB/s per GPU, one direction (default: what "
+    "--interconnect implies)",
+    "dataset_tokens": "tokens in one epoch of the data: with it, the run's wall time is reported",
+    "dataset_samples": "samples in one epoch (instead of --dataset-tokens): one sequence each, "
+    "or packed into --seq-len tokens with --no-padding",
+    "avg_seq_len": "average tokens per sample, with --dataset-samples (default: --seq-len)",
+    "epochs": "passes over the data (default 1; may be fractional)",
 }
 # Flags named otherwise than their field: the first name is the documented one; the others keep
 # older spellings working (--flavour) or match launch/doctor's names for one thing (--main-addr,
@@ -89,9 +102,16 @@ def flag_type(name: str) -> type:
 
 
 def add_answer_flags(parser: argparse.ArgumentParser) -> None:
-    """Add ``--answers FILE`` and one flag per Answers field (default None = not given)."""
+    """Add ``--answers FILE``, ``--cluster-facts FILE`` and one flag per Answers field (default
+    None = not given)."""
     parser.add_argument(
         "--answers", metavar="FILE", help="answers.yaml to start from (flags override it)"
+    )
+    parser.add_argument(
+        "--cluster-facts",
+        metavar="FILE",
+        help="the network `zerofit doctor` measured (inter- and intra-node bandwidth); flags "
+        "override it",
     )
     for f in fields(Answers):
         names = _FLAG_NAMES.get(f.name, ["--" + f.name.replace("_", "-")])
@@ -119,8 +139,33 @@ def answers_from_args(args: argparse.Namespace) -> Answers:
                 "--answers", f"cannot read {path} ({exc.strerror})", "give an existing answers.yaml"
             ) from None
         base = answers_to_dict(load_answers(text))
-    for f in fields(Answers):
-        value = getattr(args, f.name, None)
-        if value is not None:
-            base[f.name] = value
+    given = given_flags(args)
+    base.update(cluster_facts_answers(getattr(args, "cluster_facts", None), given))
+    base.update(given)
     return answers_from_dict(base)
+
+
+def given_flags(args: argparse.Namespace) -> dict:
+    """The Answers fields the user gave on the command line."""
+    return {
+        f.name: getattr(args, f.name)
+        for f in fields(Answers)
+        if getattr(args, f.name, None) is not None
+    }
+
+
+def cluster_facts_answers(path: str | None, given: dict) -> dict:
+    """The network fields a ``--cluster-facts`` file fills (zerofit.cluster_facts), leaving out
+    those a flag gives: flags win over the measurement (``--interconnect`` over the measured
+    link inside a node, too)."""
+    if not path:
+        return {}
+    from zerofit.cluster_facts import load_cluster_facts
+
+    facts = load_cluster_facts(path)
+    filled = {}
+    if "inter_node_gbps" not in given:
+        filled["inter_node_gbps"] = facts.inter_node_gbps
+    if facts.intra_node_gbps is not None and not {"intra_node_gbps", "interconnect"} & set(given):
+        filled["intra_node_gbps"] = facts.intra_node_gbps
+    return filled

@@ -468,8 +468,10 @@ def fastest_of(fitting: list[Candidate]) -> Candidate:
     the faster, then the first in the grid (see the module docstring)."""
     fastest = min(c.step_s for c in fitting)
     near = [c for c in fitting if c.step_s <= fastest * (1 + NEAR_TIE)]
+    # spare memory in tenths of a GiB, as reports print it: 0.01 GiB never outweighs speed
     return max(
-        near, key=lambda c: (min(c.spare_gib, FRAGMENTATION_AT_OOM_MEDIAN_GIB), -c.step_s)
+        near,
+        key=lambda c: (round(min(c.spare_gib, FRAGMENTATION_AT_OOM_MEDIAN_GIB), 1), -c.step_s),
     )
 
 

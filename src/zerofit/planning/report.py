@@ -24,6 +24,9 @@ from zerofit.planning.planner import (
     judge,
     pick_precision,
     plan_inputs,
+    run_hours,
+    run_optimizer_steps,
+    step_time_of,
 )
 
 # what a user's config files hand the estimate beyond Answers fields (memory/ds_config.py)
@@ -89,11 +92,20 @@ class EstimateReport:
     cpu_gib_unpinned: float | None
     from_files: tuple[str, ...]  # inputs read from the user's config files
     # seconds per optimizer step and what they give (speed/step_time.py; None for grpo, whose
-    # generation time is not modeled); across nodes at DEFAULT_INTER_NODE_GBITS per node
+    # generation is not modeled), on the answers' network (planner.network_of)
     step_time_s: float | None = None
     tokens_per_s_per_gpu: float | None = None
     mfu: float | None = None
     time_breakdown: dict[str, float] | None = None
+    # the run's wall time in hours when the dataset size is given: optimizer steps
+    # (planner.run_optimizer_steps) x step_time_s
+    run_time_h: float | None = None
+    optimizer_steps: int | None = None
+    # the network the step time assumes: the link inside a node (GB/s per GPU, one direction)
+    # and between nodes (Gbit/s per node)
+    interconnect: str = ""
+    intra_node_gbps: float = 0.0
+    inter_node_gbps: float = 0.0
 
     @property
     def option(self) -> TrainingOption:
@@ -247,23 +259,34 @@ def build_estimate_report(
         cpu_gib_unpinned=unpinned_cpu_gib,
         from_files=tuple(sorted(key for key in files if key != "buckets"))
         + (("buckets",) if "buckets" in files else ()),
-        **_speed_fields(model, setup, gpu),
+        **_speed_fields(inputs, setup),
     )
 
 
-def _speed_fields(model, setup: TrainSetup, gpu) -> dict[str, Any]:
-    """The report's speed fields: speed/step_time.py's estimate of one optimizer step (GRPO's
-    generation is not modeled, so its fields stay None)."""
-    from zerofit.speed.step_time import estimate_step_time
-
+def _speed_fields(inputs: PlanInputs, setup: TrainSetup) -> dict[str, Any]:
+    """The report's speed fields: speed/step_time.py's estimate of one optimizer step on the
+    answers' network, and the run's optimizer steps and hours when the dataset size is given
+    (GRPO's generation is not modeled, so its times stay None)."""
+    answers, network = inputs.answers, inputs.network
+    global_batch = setup.micro_batch * setup.grad_accum * inputs.world_size
+    steps = run_optimizer_steps(answers, answers.seq_len, global_batch)
+    fields: dict[str, Any] = {
+        "optimizer_steps": steps,
+        "interconnect": network.interconnect,
+        "intra_node_gbps": network.intra_node_gbps,
+        "inter_node_gbps": network.inter_node_gbps,
+    }
     if setup.workload == "grpo":
-        return {}
-    step = estimate_step_time(setup, model, gpu)
+        return fields
+    step = step_time_of(inputs, setup)
+    run_time_h = run_hours(steps, step.total_s)
     return {
+        **fields,
         "step_time_s": round(step.total_s, 3),
         "tokens_per_s_per_gpu": round(step.tokens_per_s_per_gpu, 1),
         "mfu": round(step.mfu, 3),
         "time_breakdown": step.breakdown(),
+        "run_time_h": None if run_time_h is None else round(run_time_h, 2),
     }
 
 

@@ -90,6 +90,63 @@ def plan_verdict(plan: Plan) -> str:
     return f"does NOT fit: neither the GPU nor the host RAM ({ram})"
 
 
+def duration_words(hours: float) -> str:
+    """'40 min', '5.7 h', '3.2 days (77 h)'."""
+    if hours < 1:
+        return f"{hours * 60:.0f} min"
+    if hours < 48:
+        return f"{hours:.1f} h"
+    return f"{hours / 24:.1f} days ({hours:.0f} h)"
+
+
+def step_time_words(
+    step_time_s: float | None,
+    tokens_per_s_per_gpu: float | None,
+    mfu: float | None,
+    workload: str,
+) -> str:
+    """'~1.93 s per optimizer step, 4,250 tokens/s per GPU, MFU 41%' (speed/step_time.py), or
+    why there is no prediction."""
+    if step_time_s is None or tokens_per_s_per_gpu is None or mfu is None:
+        return f"not estimated for {workload} (generation time is not modeled)"
+    return (
+        f"~{step_time_s:.2f} s per optimizer step, {tokens_per_s_per_gpu:,.0f} tokens/s per GPU, "
+        f"MFU {mfu:.0%}"
+    )
+
+
+def run_time_words(run_time_h: float | None, optimizer_steps: int | None) -> str | None:
+    """'the run: 1,200 optimizer steps, ~5.7 h'; None without a dataset size or a step time."""
+    if run_time_h is None or optimizer_steps is None:
+        return None
+    return f"the run: {optimizer_steps:,} optimizer steps, ~{duration_words(run_time_h)}"
+
+
+def speed_words(plan: Plan) -> str:
+    """The plan's predicted speed and, with a dataset size, the run's length, in one line."""
+    line = "predicted: " + step_time_words(
+        plan.step_time_s, plan.tokens_per_s_per_gpu, plan.mfu, plan.answers.workload
+    )
+    run = run_time_words(plan.run_time_h, plan.optimizer_steps)
+    if run:
+        line += f"; {run}"
+    elif plan.step_time_s is not None:
+        line += "; give --dataset-tokens (or --dataset-samples) for the run's time"
+    return line
+
+
+def network_words(plan: Plan) -> str:
+    """The network the step times assume: 'NVLink 450 GB/s per GPU; 100 Gbit/s between nodes
+    (assumed: set --inter-node-gbps or --cluster-facts)'."""
+    link = "NVLink" if plan.interconnect == "nvlink" else "PCIe"
+    words = f"{link} {plan.intra_node_gbps:g} GB/s per GPU"
+    if plan.answers.num_nodes > 1:
+        words += f"; {plan.inter_node_gbps:g} Gbit/s between nodes"
+        if plan.answers.inter_node_gbps is None:
+            words += " (assumed: set --inter-node-gbps or --cluster-facts)"
+    return words
+
+
 def plan_warning(plan: Plan) -> str | None:
     """The wizard's warning under a plan that does not fit; None when it fits."""
     if plan.fits:

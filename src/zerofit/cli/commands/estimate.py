@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from zerofit.cli.answer_flags import add_answer_flags
+from zerofit.cli.answer_flags import add_answer_flags, cluster_facts_answers, given_flags
 
 if TYPE_CHECKING:
     from zerofit.planning.report import EstimateReport
@@ -125,18 +125,14 @@ def estimate_from_files(
 
 
 def run(args) -> int:
-    from dataclasses import fields
-
-    from zerofit.planning.answers import Answers, answers_to_dict, load_answers
+    from zerofit.planning.answers import answers_to_dict, load_answers
 
     base: dict = {}
     if getattr(args, "answers", None):
         base = answers_to_dict(load_answers(_read("--answers", args.answers)))
-    flags = {
-        f.name: getattr(args, f.name)
-        for f in fields(Answers)
-        if getattr(args, f.name, None) is not None
-    }
+    flags = given_flags(args)
+    # the measured network fills what no flag gives (and wins over the answers file)
+    flags = {**cluster_facts_answers(getattr(args, "cluster_facts", None), flags), **flags}
     report = report_from_files(flags, args.ds_config, args.accelerate_config, base)
     if args.json:
         print(json.dumps(report.as_json(), indent=2))
@@ -201,10 +197,14 @@ def render_speed(report: EstimateReport) -> str:
         "fixed costs": terms["overhead_s"],
     }
     where = ", ".join(f"{name} {seconds:.2f} s" for name, seconds in parts.items() if seconds)
-    return (
+    line = (
         f"speed: ~{report.step_time_s:.2f} s per optimizer step, "
         f"{report.tokens_per_s_per_gpu:,.0f} tokens/s per GPU, MFU {report.mfu:.0%} ({where})"
     )
+    from zerofit.planning.verdicts import run_time_words
+
+    run = run_time_words(report.run_time_h, report.optimizer_steps)
+    return line + (f"\n{run}" if run else "")
 
 
 def render_notes(report: EstimateReport) -> list[str]:

@@ -1,6 +1,6 @@
-"""`zerofit plan`: the fastest configuration that fits, each decision with its reason,
-every alternative (stage x offload x checkpointing) with its peak, and what would fit when
-nothing does."""
+"""`zerofit plan`: the predicted fastest configuration that fits, each decision with its reason,
+every alternative (stage x offload x checkpointing) with its peak and predicted step time, and
+what would fit when nothing does."""
 
 from __future__ import annotations
 
@@ -38,6 +38,7 @@ def run(args) -> int:
 
     console = Console()
     console.print(render_decisions(result))
+    console.print(render_speed(result), highlight=False)
     console.print(render_alternatives(result))
     for line in render_notes(result):
         console.print(line)
@@ -63,12 +64,26 @@ def render_decisions(plan: Plan):
     return head
 
 
+def render_speed(plan: Plan) -> str:
+    """The chosen configuration's predicted speed and, with a dataset size, the run's length;
+    the network the times assume."""
+    from zerofit.planning.verdicts import network_words, speed_words
+
+    return f"{speed_words(plan)}\nnetwork: {network_words(plan)}"
+
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}" if value < 10 else f"{value:.1f}"
+
+
 def render_alternatives(plan: Plan):
-    """Every option of the grid at its best micro batch; the chosen one starred."""
+    """Every option of the grid at its best micro batch, with its predicted step time, tokens/s
+    per GPU, MFU and (with a dataset size) run time; the chosen one starred."""
     from rich.table import Table
 
+    with_run = plan.run_time_h is not None
     alt = Table(title="alternatives (each at its best micro batch)")
-    for col in (
+    columns = [
         "stage",
         "offload opt/param",
         "checkpointing",
@@ -77,12 +92,23 @@ def render_alternatives(plan: Plan):
         "GPU holds GiB",
         "host RAM GiB",
         "fits",
-    ):
+        "s/step",
+        "tokens/s/GPU",
+        "MFU",
+    ]
+    for col in columns + (["run h"] if with_run else []):
         alt.add_column(col)
     for row in plan.alternatives:
         chosen = row.option == plan.option
+        speed = [
+            _seconds(row.step_time_s),
+            "-" if row.tokens_per_s_per_gpu is None else f"{row.tokens_per_s_per_gpu:,.0f}",
+            "-" if row.mfu is None else f"{row.mfu:.0%}",
+        ]
+        if with_run:
+            speed.append(_seconds(row.run_time_h))
         alt.add_row(
-            ("* " if chosen else "") + str(row.stage),
+            ("* " if chosen else "") + str(row.stage) + row.option.zero_plus_label,
             f"{row.offload_optimizer}/{row.offload_param}"
             + ("" if row.pin_memory else " unpinned"),
             "on" if row.gradient_checkpointing else "off",
@@ -91,6 +117,7 @@ def render_alternatives(plan: Plan):
             f"{row.gpu_need_gib:.1f}",
             f"{row.cpu_gib:.1f}",
             "yes" if row.fits else _FAILING_WORDS.get(row.failing, "no"),
+            *speed,
         )
     return alt
 
