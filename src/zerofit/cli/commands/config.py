@@ -64,7 +64,7 @@ def register(sub) -> None:
 def _given_any(args) -> bool:
     from zerofit.planning.answers import Answers
 
-    return bool(args.answers) or any(
+    return bool(args.answers) or bool(getattr(args, "cluster_facts", None)) or any(
         getattr(args, f.name, None) is not None for f in fields(Answers)
     )
 
@@ -274,6 +274,10 @@ def plan_summary(plan) -> dict:
             {"field": d.field, "value": d.value, "reason": d.reason} for d in plan.decisions
         ],
         "suggestions": list(plan.suggestions),
+        "step_time_s": plan.step_time_s,
+        "tokens_per_s_per_gpu": plan.tokens_per_s_per_gpu,
+        "mfu": plan.mfu,
+        "run_time_h": plan.run_time_h,
     }
 
 
@@ -292,6 +296,9 @@ def _print_human(plan, paths, launch: str | None, trainer_flags) -> None:
         f"batch: {plan.micro_batch} micro x {plan.grad_accum} accumulation x "
         f"{plan.world_size} GPUs = {plan.global_batch} sequences per step"
     )
+    from zerofit.planning.verdicts import speed_words
+
+    console.print(speed_words(plan))
     if plan.decisions:
         table = Table("decision", "value", "why")
         for d in plan.decisions:
