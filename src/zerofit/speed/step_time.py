@@ -26,23 +26,10 @@ import math
 from dataclasses import dataclass
 
 from zerofit.hardware import GpuSpec
-from zerofit.memory.estimate import TrainSetup
+from zerofit.memory.estimate import DTYPE_BYTES, TrainSetup
 from zerofit.models.resolve import ModelSpec
+from zerofit.speed.device import DeviceProfile, EfficiencyCurve
 from zerofit.speed.flops import estimate_step_flops
-
-
-@dataclass(frozen=True)
-class EfficiencyCurve:
-    """Achieved fraction of the dense peak at ``tokens`` per micro step per GPU:
-    ``peak_fraction * tokens / (tokens + half_tokens)``. Small micro batches leave the GPU's
-    matmuls too thin to fill it: at ``half_tokens`` it reaches half of ``peak_fraction``."""
-
-    peak_fraction: float
-    half_tokens: float
-
-    def at(self, tokens: int) -> float:
-        return self.peak_fraction * tokens / (tokens + self.half_tokens)
-
 
 # Fitted per GPU generation (never per row), with the per-step costs below, by least squares over
 # a small grid (median |error| of the rows named):
@@ -161,20 +148,42 @@ def compute_efficiency(gpu: GpuSpec, tokens_per_micro_step: int) -> float:
     return EFFICIENCY[gpu_generation(gpu)].at(tokens_per_micro_step)
 
 
+def gpu_profile(gpu: GpuSpec) -> DeviceProfile:
+    """A catalog GPU as the model's device: its datasheet rates and the constants above, fitted
+    on public GPU runs (speed/device.py ``cpu_profile`` is the measured CPU counterpart)."""
+    return DeviceProfile(
+        name=gpu.key,
+        peak_tflops=gpu.bf16_tflops,
+        efficiency=EFFICIENCY[gpu_generation(gpu)],
+        memory_gbps=gpu.hbm_gbps,
+        link_gbps=gpu.link_gbps,
+        offload_gbps=PCIE_OFFLOAD_GBPS,
+        cpu_adam_host_gbps=CPU_ADAM_HOST_GBPS,
+        micro_step_overhead_s=MICRO_STEP_OVERHEAD_S,
+        optimizer_step_overhead_s=OPTIMIZER_STEP_OVERHEAD_S,
+        stage3_hook_s_per_layer=STAGE3_HOOK_S_PER_LAYER,
+        link_efficiency=LINK_EFFICIENCY,
+    )
+
+
 @dataclass(frozen=True)
 class Links:
     """Bandwidths in GB/s (bytes) a ring collective sees."""
 
     intra_node_gbps: float
     inter_node_gbps: float  # the node's whole network, bytes/s / 1e9
+    efficiency: float = LINK_EFFICIENCY  # the share of either a ring reaches (DeviceProfile)
+    # bytes per element the collectives carry: 2 for the GPU model, the compute dtype's on a
+    # device whose ``wire_bytes_follow_precision`` (an fp32 CPU run: 4)
+    element_bytes: int = 2
 
     def ring_gbps(self, setup: TrainSetup) -> float:
         """The slowest link bounds a ring: inside one node the GPUs' link; across nodes the
         node's network too (NCCL runs one ring per NIC, so a node's NICs add up)."""
-        intra = self.intra_node_gbps * LINK_EFFICIENCY
+        intra = self.intra_node_gbps * self.efficiency
         if setup.world_size <= setup.gpus_per_node:
             return intra
-        return min(intra, self.inter_node_gbps * LINK_EFFICIENCY)
+        return min(intra, self.inter_node_gbps * self.efficiency)
 
 
 def ring_seconds(bytes_per_rank: float, ranks: int, bandwidth_gbps: float) -> float:
@@ -221,13 +230,14 @@ def communication_seconds(
         return zero_plus_communication_seconds(setup, model, links, trainable)
     ranks = setup.world_size
     bandwidth = links.ring_gbps(setup)
-    grad_bytes = trainable * 2  # 16-bit gradients (DeepSpeed reduces in the compute dtype)
-    param_bytes = model.params * 2
+    # 16-bit gradients and parameters (DeepSpeed reduces and gathers in the compute dtype)
+    grad_bytes = trainable * links.element_bytes
+    param_bytes = model.params * links.element_bytes
     micro_steps = setup.grad_accum
     reduce_scatter = ring_seconds(grad_bytes, ranks, bandwidth)
     if setup.stage == 0:
         return CommSeconds(0.0, 2 * reduce_scatter, 0.0)
-    gather_trainable = ring_seconds(trainable * 2, ranks, bandwidth)
+    gather_trainable = ring_seconds(grad_bytes, ranks, bandwidth)
     if setup.stage == 1:
         return CommSeconds(0.0, reduce_scatter, gather_trainable)
     if setup.stage == 2:
@@ -270,11 +280,11 @@ def zero_plus_communication_seconds(
     ranks = setup.world_size
     per_node = max(1, min(setup.gpus_per_node, ranks))
     nodes = math.ceil(ranks / per_node)
-    intra = links.intra_node_gbps * LINK_EFFICIENCY
-    network = links.inter_node_gbps * LINK_EFFICIENCY
+    intra = links.intra_node_gbps * links.efficiency
+    network = links.inter_node_gbps * links.efficiency
     world = links.ring_gbps(setup)
     micro_steps = setup.grad_accum
-    weight_bytes = QWZ_BYTES_PER_ELEMENT if "qwz" in setup.zero_plus else 2
+    weight_bytes = QWZ_BYTES_PER_ELEMENT if "qwz" in setup.zero_plus else links.element_bytes
     world_gather = ring_seconds(model.params * weight_bytes, ranks, world)
     node_gather = ring_seconds(model.params * weight_bytes, per_node, intra)
     if "qgz" in setup.zero_plus and nodes > 1:
@@ -283,13 +293,16 @@ def zero_plus_communication_seconds(
             grad_bytes, nodes, network
         )
     else:
-        reduce = ring_seconds(trainable * 2, ranks, world)
+        reduce = ring_seconds(trainable * links.element_bytes, ranks, world)
     forward = world_gather + (micro_steps - 1) * node_gather
     return CommSeconds(forward, micro_steps * (node_gather + reduce), 0.0)
 
 
-def offload_seconds(setup: TrainSetup, model: ModelSpec, trainable: int) -> tuple[float, float]:
-    """(PCIe transfer seconds, CPUAdam seconds) of one step's optimizer / parameter offload.
+def offload_seconds(
+    setup: TrainSetup, model: ModelSpec, trainable: int, device: DeviceProfile
+) -> tuple[float, float]:
+    """(PCIe transfer seconds, CPUAdam seconds) of one step's optimizer / parameter offload on
+    ``device`` (its offload link and its host's CPUAdam rate).
 
     Optimizer offload: each micro step copies this rank's gradient partition to the host in the
     16-bit compute dtype (stage_1_and_2.py ``async_accumulate_grad_in_cpu_via_gpu``: a pinned
@@ -299,25 +312,62 @@ def offload_seconds(setup: TrainSetup, model: ModelSpec, trainable: int) -> tupl
     Parameter offload (stage 3): every micro step brings each partition over twice, forward and
     backward (partitioned_param_coordinator.py ``fetch_sub_module`` from the host copy).
     """
+    element_bytes = wire_element_bytes(setup, device)
     ranks = setup.world_size
     transfer_bytes = 0.0
     cpu_adam = 0.0
     if setup.offload_optimizer != "none":
         partition = trainable / ranks
-        transfer_bytes += setup.grad_accum * partition * 2 + partition * 2
+        transfer_bytes += setup.grad_accum * partition * element_bytes + partition * element_bytes
         params_on_node = trainable * min(setup.gpus_per_node, ranks) / ranks
-        cpu_adam = params_on_node * CPU_ADAM_BYTES_PER_PARAM / (CPU_ADAM_HOST_GBPS * 1e9)
+        cpu_adam = params_on_node * CPU_ADAM_BYTES_PER_PARAM / (device.cpu_adam_host_gbps * 1e9)
     if setup.offload_param != "none" and setup.stage == 3:
-        transfer_bytes += setup.grad_accum * 2 * (model.params / ranks) * 2
-    return transfer_bytes / (PCIE_OFFLOAD_GBPS * 1e9), cpu_adam
+        transfer_bytes += setup.grad_accum * 2 * (model.params / ranks) * element_bytes
+    return transfer_bytes / (device.offload_gbps * 1e9), cpu_adam
 
 
-def gpu_optimizer_seconds(setup: TrainSetup, gpu: GpuSpec, trainable: int) -> float:
+def gpu_optimizer_seconds(
+    setup: TrainSetup, gpu: GpuSpec | DeviceProfile, trainable: int
+) -> float:
     """The optimizer step on the GPU, HBM-bound: this rank's trainable partition's bytes."""
     if setup.offload_optimizer != "none":
         return 0.0
+    device = as_device(gpu)
     partition = trainable if setup.stage == 0 else trainable / setup.world_size
-    return partition * GPU_ADAM_BYTES_PER_PARAM / (gpu.hbm_gbps * 1e9)
+    return partition * GPU_ADAM_BYTES_PER_PARAM / (device.memory_gbps * 1e9)
+
+
+def as_device(gpu: GpuSpec | DeviceProfile) -> DeviceProfile:
+    """A catalog GPU's profile, or the profile given."""
+    return gpu if isinstance(gpu, DeviceProfile) else gpu_profile(gpu)
+
+
+def wire_element_bytes(setup: TrainSetup, device: DeviceProfile) -> int:
+    """Bytes per element of gradients and parameters on the wire and over the offload link."""
+    return DTYPE_BYTES[setup.precision] if device.wire_bytes_follow_precision else 2
+
+
+def exposed_communication_seconds(
+    setup: TrainSetup,
+    device: DeviceProfile,
+    comm: CommSeconds,
+    *,
+    forward_s: float,
+    backward_s: float,
+) -> float:
+    """What of ``comm`` the step waits for: ZeRO-3's prefetched gathers hide behind forward,
+    the backward's collectives behind backward under ``overlap_comm`` (stage 0: DDP's buckets
+    always), the step's all-gather behind nothing. On a device that does not overlap
+    (``DeviceProfile.overlaps_comm`` False) every collective is waited for."""
+    if not device.overlaps_comm:
+        return comm.during_forward + comm.during_backward + comm.after_step
+    if setup.stage == 3:  # the coordinator prefetches: gathers overlap the compute
+        exposed_forward = max(0.0, comm.during_forward - forward_s)
+    else:
+        exposed_forward = comm.during_forward
+    hidden_by_backward = backward_s if setup.overlap_comm or setup.stage == 0 else 0
+    exposed_backward = max(0.0, comm.during_backward - hidden_by_backward)
+    return exposed_forward + exposed_backward + comm.after_step
 
 
 def sequences_per_micro_step(setup: TrainSetup) -> tuple[int, int]:
@@ -331,13 +381,14 @@ def sequences_per_micro_step(setup: TrainSetup) -> tuple[int, int]:
 def estimate_step_time(
     setup: TrainSetup,
     model: ModelSpec,
-    gpu: GpuSpec,
+    gpu: GpuSpec | DeviceProfile,
     *,
     inter_node_gbps: float = DEFAULT_INTER_NODE_GBITS,
     intra_node_gbps: float | None = None,
     trainable_params: int | None = None,
 ) -> StepTime:
-    """Seconds per optimizer step of ``model`` trained as ``setup`` on ``gpu``.
+    """Seconds per optimizer step of ``model`` trained as ``setup`` on ``gpu``: a catalog GPU,
+    or any device's ``DeviceProfile`` (speed/device.py; a catalog GPU is ``gpu_profile(gpu)``).
 
     ``inter_node_gbps``: the network of one node in Gbit/s, as NICs are sold (10 for 10GbE, 400
     for one NDR port; a DGX's eight NDR ports: 3200); used only when the job spans nodes.
@@ -356,29 +407,31 @@ def estimate_step_time(
         frozen_weights=frozen,
     )
     reference_flops = estimate_step_flops(model, seq_len=setup.seq_len, sequences=reference)
-    peak = gpu.bf16_tflops * 1e12
-    efficiency = compute_efficiency(gpu, trained * setup.seq_len)
+    device = as_device(gpu)
+    peak = device.peak_tflops * 1e12
+    efficiency = device.efficiency.at(trained * setup.seq_len)
     micro_steps = setup.grad_accum
     forward_s = (flops.forward + reference_flops.forward) * micro_steps / (peak * efficiency)
     backward_s = flops.backward * micro_steps / (peak * efficiency)
     recompute_s = flops.recompute * micro_steps / (peak * efficiency)
 
-    intra = gpu.link_gbps if intra_node_gbps is None else intra_node_gbps
-    links = Links(intra, inter_node_gbps / 8)
+    intra = device.link_gbps if intra_node_gbps is None else intra_node_gbps
+    links = Links(
+        intra,
+        inter_node_gbps / 8,
+        efficiency=device.link_efficiency,
+        element_bytes=wire_element_bytes(setup, device),
+    )
     comm = communication_seconds(setup, model, links, trainable)
-    if setup.stage == 3:  # the coordinator prefetches: gathers overlap the compute
-        exposed_forward = max(0.0, comm.during_forward - forward_s)
-    else:
-        exposed_forward = comm.during_forward
-    hidden_by_backward = backward_s + recompute_s if setup.overlap_comm or setup.stage == 0 else 0
-    exposed_backward = max(0.0, comm.during_backward - hidden_by_backward)
-    exposed_comm_s = exposed_forward + exposed_backward + comm.after_step
+    exposed_comm_s = exposed_communication_seconds(
+        setup, device, comm, forward_s=forward_s, backward_s=backward_s + recompute_s
+    )
 
-    transfer_s, cpu_adam_s = offload_seconds(setup, model, trainable)
-    gpu_step_s = gpu_optimizer_seconds(setup, gpu, trainable)
-    overhead_s = micro_steps * MICRO_STEP_OVERHEAD_S + OPTIMIZER_STEP_OVERHEAD_S
+    transfer_s, cpu_adam_s = offload_seconds(setup, model, trainable, device)
+    gpu_step_s = gpu_optimizer_seconds(setup, device, trainable)
+    overhead_s = micro_steps * device.micro_step_overhead_s + device.optimizer_step_overhead_s
     if setup.stage == 3:
-        overhead_s += micro_steps * model.num_layers * STAGE3_HOOK_S_PER_LAYER
+        overhead_s += micro_steps * model.num_layers * device.stage3_hook_s_per_layer
     compute_s = forward_s + backward_s
     total_s = (
         compute_s + recompute_s + exposed_comm_s + transfer_s + cpu_adam_s + gpu_step_s

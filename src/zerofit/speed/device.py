@@ -1,0 +1,187 @@
+"""The device a step runs on, as the speed model needs it: a catalog GPU or a measured CPU rank.
+
+``estimate_step_time`` (speed/step_time.py) reads every rate and fixed cost from a
+``DeviceProfile``. A catalog GPU's profile (``step_time.gpu_profile``) is its datasheet numbers
+with the constants fitted on public GPU runs. A CPU rank's profile (``cpu_profile``) is measured on
+the machine the run uses (``measure_cpu_device``), right before the run and in the same processes,
+so that a real multi-process DeepSpeed run on CPUs over a shaped network
+(benchmarks/shaped_network.py) checks the model's communication, overlap and offload structure,
+which GPUs share, with nothing fitted to the run.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class EfficiencyCurve:
+    """Achieved fraction of the dense peak at ``tokens`` per micro step per GPU:
+    ``peak_fraction * tokens / (tokens + half_tokens)``. Small micro batches leave the GPU's
+    matmuls too thin to fill it: at ``half_tokens`` it reaches half of ``peak_fraction``."""
+
+    peak_fraction: float
+    half_tokens: float
+
+    def at(self, tokens: int) -> float:
+        return self.peak_fraction * tokens / (tokens + self.half_tokens)
+
+
+@dataclass(frozen=True)
+class DeviceProfile:
+    """Rates and fixed costs of one device (one rank), for ``estimate_step_time``.
+
+    Rates are bytes or FLOPs per second as the model divides by them; bandwidths in GB/s (1e9
+    bytes). The two flags say how the device runs the same DeepSpeed code differently.
+    """
+
+    name: str
+    peak_tflops: float  # dense matmul rate in the compute dtype (the GPU's bf16 datasheet peak)
+    efficiency: EfficiencyCurve  # achieved share of the peak by tokens per micro step
+    memory_gbps: float  # HBM (the GPU's), or the host's: bounds the optimizer step on the device
+    link_gbps: float  # one direction of the link between devices of one node, per device
+    offload_gbps: float  # device <-> host copies of offloaded gradients and parameters
+    cpu_adam_host_gbps: float  # DeepSpeedCPUAdam's bytes per second over the host's memory
+    micro_step_overhead_s: float  # Python, kernel launches, the data loader per micro step
+    optimizer_step_overhead_s: float  # gradient norm, clipping, scheduler, logging per step
+    stage3_hook_s_per_layer: float  # ZeRO-3's parameter-coordinator hooks per layer, micro step
+    link_efficiency: float  # the share of a link's bandwidth a ring collective reaches
+    # Collectives run beside the compute (NCCL on its own CUDA streams: overlap_comm, ZeRO-3's
+    # prefetch). False: each collective holds the rank until it ends (see cpu_profile).
+    overlaps_comm: bool = True
+    # Collectives and offload copies carry the compute dtype's bytes (fp32: 4). False: 2 bytes
+    # per element whatever the precision, as the GPU constants were fitted (every public row).
+    wire_bytes_follow_precision: bool = False
+
+
+@dataclass(frozen=True)
+class CpuMeasurements:
+    """One CPU rank's micro-benchmark (``measure_cpu_device``), taken in the run's conditions."""
+
+    matmul_tflops: float  # the model's linear layers at its tokens per micro step
+    memory_gbps: float  # a large elementwise add: two streams read, one written
+    cpu_adam_params_per_s: float  # DeepSpeedCPUAdam.step over a partition-sized tensor
+    link_gbits: float  # between the nodes, from a timed gloo all-reduce
+    intra_node_gbits: float = 0.0  # between ranks of one node (0: one rank per node)
+
+
+def cpu_profile(measured: CpuMeasurements) -> DeviceProfile:
+    """A measured CPU rank as a device, with nothing fitted to the run it predicts.
+
+    - compute: the measured matmul rate at the model's own shapes and tokens per micro step, so
+      the curve is flat at 1.0 (the measurement already is the achieved rate at those tokens);
+    - the device's memory and the host are the same DRAM: the optimizer step, the offload copies
+      (DeepSpeed's "host" buffers are plain tensors on the same memory) and CPUAdam run at what
+      was measured;
+    - the link is measured by a collective, so its efficiency is already in the number (1.0);
+    - ``overlaps_comm`` False: gloo runs a collective on the calling thread and the CPU
+      accelerator's streams are no-ops (deepspeed/accelerator/cpu_accelerator.py ``Stream`` is a
+      null context), so ``overlap_comm`` and ZeRO-3's prefetch do not hide communication behind
+      compute as NCCL's streams do;
+    - ``wire_bytes_follow_precision``: the run is fp32, so gradients and parameters travel in 4
+      bytes per element;
+    - fixed costs per micro step and per step are left at zero: the measured rates are the whole
+      claim (what Python costs here shows up as error, not as a fitted constant).
+    """
+    cpu_adam_gbps = measured.cpu_adam_params_per_s * CPU_ADAM_BYTES_PER_PARAM / 1e9
+    intra_gbits = measured.intra_node_gbits or measured.link_gbits
+    return DeviceProfile(
+        name="cpu (measured)",
+        peak_tflops=measured.matmul_tflops,
+        efficiency=EfficiencyCurve(peak_fraction=1.0, half_tokens=0.0),
+        memory_gbps=measured.memory_gbps,
+        link_gbps=intra_gbits / 8,
+        offload_gbps=measured.memory_gbps,
+        cpu_adam_host_gbps=cpu_adam_gbps,
+        micro_step_overhead_s=0.0,
+        optimizer_step_overhead_s=0.0,
+        stage3_hook_s_per_layer=0.0,
+        link_efficiency=1.0,
+        overlaps_comm=False,
+        wire_bytes_follow_precision=True,
+    )
+
+
+# the bytes per parameter DeepSpeedCPUAdam streams (step_time.CPU_ADAM_BYTES_PER_PARAM's source)
+CPU_ADAM_BYTES_PER_PARAM = 30
+
+
+def median_seconds(work, repeats: int) -> float:
+    """Median seconds of ``work()`` over ``repeats`` runs after one warm-up run."""
+    work()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        work()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def measure_matmul_tflops(
+    hidden: int, intermediate: int, vocab: int, tokens: int, dtype_name: str = "fp32"
+) -> float:
+    """Achieved TFLOP/s of a decoder's linear layers (attention and MLP projections, LM head)
+    at ``tokens`` rows, weighted by their FLOPs as a step runs them."""
+    import torch
+
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype_name]
+    weights = [(hidden, hidden), (hidden, intermediate), (intermediate, hidden), (hidden, vocab)]
+    flops = 0.0
+    seconds = 0.0
+    for rows, cols in weights:
+        activations = torch.randn(tokens, rows, dtype=dtype)
+        weight = torch.randn(rows, cols, dtype=dtype)
+        seconds += median_seconds(lambda a=activations, w=weight: a @ w, 5)
+        flops += 2.0 * tokens * rows * cols
+    return flops / seconds / 1e12
+
+
+def measure_memory_gbps(elements: int = 16 * 2**20) -> float:
+    """GB/s of a large fp32 add (two streams read, one written): the host's memory bandwidth."""
+    import torch
+
+    left, right, out = (torch.ones(elements) for _ in range(3))
+    seconds = median_seconds(lambda: torch.add(left, right, out=out), 5)
+    return 3 * elements * 4 / seconds / 1e9
+
+
+def measure_cpu_adam_params_per_s(params: int) -> float:
+    """Parameters per second of DeepSpeedCPUAdam's step (deepspeed/ops/adam/cpu_adam.py
+    ``DeepSpeedCPUAdam.step``) over ``params`` fp32 parameters; the first step, which allocates
+    the states, is the warm-up."""
+    import torch
+    from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+    weight = torch.nn.Parameter(torch.zeros(params))
+    weight.grad = torch.ones(params)
+    optimizer = DeepSpeedCPUAdam([weight], lr=1e-4)
+    return params / median_seconds(optimizer.step, 3)
+
+
+def measure_link_gbits(megabytes: float = 8.0, group=None) -> float:
+    """Gbit/s one rank sends in a timed gloo all-reduce of ``megabytes`` over ``group`` (the
+    default group: every rank). A ring all-reduce over n ranks sends 2 (n-1)/n of the buffer per
+    rank; the buffer is large enough that bandwidth, not latency, sets the time."""
+    import torch
+    import torch.distributed as dist
+
+    buffer = torch.ones(int(megabytes * 2**20 / 4))
+    seconds = median_seconds(lambda: dist.all_reduce(buffer, group=group), 3)
+    ranks = dist.get_world_size(group)
+    sent = 2 * (ranks - 1) / ranks * buffer.numel() * 4
+    return sent * 8 / seconds / 1e9
+
+
+def measure_cpu_device(
+    *, hidden: int, intermediate: int, vocab: int, tokens: int, partition_params: int
+) -> CpuMeasurements:
+    """Every rate of ``cpu_profile``, measured in this rank (torch.distributed initialized, the
+    other ranks calling it at the same time so that they contend for the cores as in the run)."""
+    return CpuMeasurements(
+        matmul_tflops=measure_matmul_tflops(hidden, intermediate, vocab, tokens),
+        memory_gbps=measure_memory_gbps(),
+        cpu_adam_params_per_s=measure_cpu_adam_params_per_s(partition_params),
+        link_gbits=measure_link_gbits(),
+    )
