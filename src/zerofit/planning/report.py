@@ -91,8 +91,8 @@ class EstimateReport:
     pin_memory: bool
     cpu_gib_unpinned: float | None
     from_files: tuple[str, ...]  # inputs read from the user's config files
-    # seconds per optimizer step and what they give (speed/step_time.py; None for grpo, whose
-    # generation is not modeled), on the answers' network (planner.network_of)
+    # seconds per optimizer step and what they give (speed/step_time.py; GRPO's with its
+    # generation, speed/generation.py), on the answers' network (planner.network_of)
     step_time_s: float | None = None
     tokens_per_s_per_gpu: float | None = None
     mfu: float | None = None
@@ -266,7 +266,7 @@ def build_estimate_report(
 def _speed_fields(inputs: PlanInputs, setup: TrainSetup) -> dict[str, Any]:
     """The report's speed fields: speed/step_time.py's estimate of one optimizer step on the
     answers' network, and the run's optimizer steps and hours when the dataset size is given
-    (GRPO's generation is not modeled, so its times stay None)."""
+    (GRPO's step includes its generation: speed/generation.py)."""
     answers, network = inputs.answers, inputs.network
     global_batch = setup.micro_batch * setup.grad_accum * inputs.world_size
     steps = run_optimizer_steps(answers, answers.seq_len, global_batch)
@@ -276,8 +276,6 @@ def _speed_fields(inputs: PlanInputs, setup: TrainSetup) -> dict[str, Any]:
         "intra_node_gbps": network.intra_node_gbps,
         "inter_node_gbps": network.inter_node_gbps,
     }
-    if setup.workload == "grpo":
-        return fields
     step = step_time_of(inputs, setup)
     run_time_h = run_hours(steps, step.total_s)
     return {

@@ -12,9 +12,8 @@ time is the sum of:
   memory-bound host work (``offload_seconds``);
 - the GPU optimizer step as HBM-bound work (``gpu_optimizer_seconds``);
 - a fixed cost per micro step (Python, kernel launches, the data loader), one per optimizer step
-  and, under ZeRO-3, one per layer of each micro step (the parameter coordinator's hooks).
-
-Generation (GRPO's rollout) is not modeled: its time is the training part only.
+  and, under ZeRO-3, one per layer of each micro step (the parameter coordinator's hooks);
+- for GRPO, the rollout that feeds the step (speed/generation.py ``estimate_generation_time``).
 
 The named constants below are the only fitted numbers; each says its value and the public rows
 (tests/data/step_times_public.jsonl, by id) it came from. None is fitted to a single row.
@@ -30,6 +29,7 @@ from zerofit.memory.estimate import DTYPE_BYTES, TrainSetup
 from zerofit.models.resolve import ModelSpec
 from zerofit.speed.device import DeviceProfile, EfficiencyCurve
 from zerofit.speed.flops import estimate_step_flops
+from zerofit.speed.generation import estimate_generation_time
 
 # Fitted per GPU generation (never per row), with the per-step costs below, by least squares over
 # a small grid (median |error| of the rows named):
@@ -116,9 +116,12 @@ class StepTime:
     total_s: float
     tokens_per_s_per_gpu: float
     mfu: float  # model FLOPs (no recompute) per second over the GPU's dense 16-bit peak
+    # GRPO's rollout (speed/generation.py); None for workloads that generate nothing
+    generation_s: float | None = None
 
     def breakdown(self) -> dict[str, float]:
-        """The terms that add up to ``total_s``, rounded for reports."""
+        """The terms that add up to ``total_s``, rounded for reports (``generation_s`` only
+        where the workload generates)."""
         terms = {
             "compute_s": self.compute_s,
             "recompute_s": self.recompute_s,
@@ -128,6 +131,8 @@ class StepTime:
             "gpu_optimizer_s": self.gpu_optimizer_s,
             "overhead_s": self.overhead_s,
         }
+        if self.generation_s is not None:
+            terms["generation_s"] = self.generation_s
         return {name: round(value, 4) for name, value in terms.items()}
 
 
@@ -433,9 +438,14 @@ def estimate_step_time(
     if setup.stage == 3:
         overhead_s += micro_steps * model.num_layers * device.stage3_hook_s_per_layer
     compute_s = forward_s + backward_s
+    generation_s = None
+    if setup.workload == "grpo":  # TRL generates before the micro steps that train on it
+        generation_s = estimate_generation_time(
+            setup, model, gpu, ring_gbps=links.ring_gbps(setup)
+        ).total_s
     total_s = (
         compute_s + recompute_s + exposed_comm_s + transfer_s + cpu_adam_s + gpu_step_s
-    ) + overhead_s
+    ) + overhead_s + (generation_s or 0.0)
     tokens = trained * setup.seq_len * micro_steps
     model_flops = (flops.forward + flops.backward + reference_flops.forward) * micro_steps
     return StepTime(
@@ -449,4 +459,5 @@ def estimate_step_time(
         total_s=total_s,
         tokens_per_s_per_gpu=tokens / total_s,
         mfu=model_flops / total_s / peak,
+        generation_s=generation_s,
     )

@@ -195,6 +195,7 @@ def render_speed(report: EstimateReport) -> str:
         "offload": terms["offload_transfer_s"] + terms["cpu_optimizer_s"],
         "optimizer": terms["gpu_optimizer_s"],
         "fixed costs": terms["overhead_s"],
+        "generation": terms.get("generation_s", 0.0),  # grpo's rollout (speed/generation.py)
     }
     where = ", ".join(f"{name} {seconds:.2f} s" for name, seconds in parts.items() if seconds)
     line = (

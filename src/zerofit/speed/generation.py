@@ -1,0 +1,200 @@
+"""GRPO's generation time per optimizer step: TRL's rollout, as transformers or vLLM runs it.
+
+TRL's GRPOTrainer generates once per ``steps_per_generation`` micro steps (default: the gradient
+accumulation), every prompt of that many micro batches at once
+(trl/trainer/grpo_trainer.py ``_prepare_inputs``: ``generate_every = steps_per_generation *
+num_iterations``; ``_generate_single_turn``). Each rank generates its own share:
+``micro_batch x steps_per_generation`` completions of ``completion_len`` tokens after prompts of
+``seq_len - completion_len``. A round is:
+
+- prefill: the prompts' forward, compute-bound, at the training step's efficiency curve;
+- decode: ``completion_len`` steps, each reading every weight once and the KV cache of the whole
+  batch (memory-bound: bytes over HBM bandwidth at ``DECODE_HBM_EFFICIENCY``), or the batch's
+  matmuls when the batch is large enough to be compute-bound, plus the engine's fixed cost per
+  step (transformers' eager loop launches every layer's kernels from Python; vLLM replays CUDA
+  graphs);
+- weights: under ZeRO-3 with transformers, TRL gathers every parameter once for the whole call
+  (trl/models/utils.py ``_unwrap_model_for_generation``: ``deepspeed.zero.GatheredParameters(
+  model.parameters())`` and ``remove_hooks`` while ``ds3_gather_for_generation`` is True, its
+  default); with it False every forward, so every decode step, runs ZeRO-3's per-module
+  all-gathers and hooks. With vLLM colocated, TRL pushes the trained weights into vLLM once per
+  optimizer step (trl/generation/vllm_generation.py ``VLLMGeneration.sync_weights``: each
+  parameter, gathered under ZeRO-3, into ``model.load_weights``);
+- scoring: the reference model's log-probabilities of every completion when ``beta > 0``
+  (``_generate_and_score_completions``), a no-grad forward over the generation batch.
+
+Completions are taken to run to ``completion_len``: transformers' ``generate`` keeps stepping
+until every sequence of the batch has ended, and a GRPO batch nearly always holds one that has
+not. Fitted numbers are named below with the public rows they came from; the rest are datasheet
+ratios.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from zerofit.hardware import GpuSpec
+from zerofit.memory.estimate import GIB, TrainSetup
+from zerofit.models.resolve import ModelSpec
+from zerofit.speed.flops import estimate_step_flops
+
+# Share of the HBM datasheet bandwidth a decode step's weight and KV reads reach, 0.85: a
+# streaming kernel's usual fraction of the datasheet (between NCCL's 0.8 of a link,
+# step_time.py LINK_EFFICIENCY, and STREAM's ~0.9 of HBM). Not fitted.
+DECODE_HBM_EFFICIENCY = 0.85
+
+# transformers' eager generate: Python and kernel launches per decoder layer and decode step,
+# 0.5 ms. Fitted on one public row, so in-sample there: uncompiled transformers Llama-2-13B (40
+# layers) at batch 1 takes 35.71 ms per token on an A100-80GB (foundation-model-stack PR 69,
+# scripts/hf_example.py), of which the 26 GB of fp16 weights at DECODE_HBM_EFFICIENCY of
+# 2,039 GB/s are 15 ms; the other ~21 ms over 40 layers: 0.5 ms each.
+HF_DECODE_S_PER_LAYER = 0.0005
+
+# vLLM per decode step: it replays one CUDA graph, so no per-layer launch cost, but its
+# scheduler, sampler and the detokenizer-free output path run on the CPU every step, ~3 ms
+# (an assumption, not fitted: a 0.5B model's batch-1 decode in vLLM runs at a few hundred
+# tokens/s, where its weight reads take 0.4 ms). Checked against vLLM decoding Llama-2-7B at
+# batch 1 on an RTX A6000 (768 GB/s): 46.4 tokens/s measured
+# (hamel.dev/notes/llm/inference/03_inference.html, 200 new tokens), 42 predicted (-9 %).
+VLLM_STEP_S = 0.003
+
+# TRL builds vLLM colocated with max_num_seqs = per_device_train_batch_size x TP x
+# steps_per_generation (grpo_trainer.py ``VLLMGeneration(... max_num_seqs=...)``): the whole
+# round in one wave when its KV cache fits vLLM's share of the GPU (``vllm_waves``).
+
+
+@dataclass(frozen=True)
+class GenerationTime:
+    """Seconds of generation per optimizer step, by term."""
+
+    engine: str  # transformers | vllm
+    rounds: float  # generation rounds per optimizer step (grad_accum / steps_per_generation)
+    tokens_per_round: int  # tokens one rank generates per round
+    prefill_s: float
+    decode_s: float
+    weights_s: float  # ZeRO-3's gather for generation, or the weight sync into vLLM
+    scoring_s: float  # the reference model's forward over the completions (beta > 0)
+
+    @property
+    def total_s(self) -> float:
+        return self.prefill_s + self.decode_s + self.weights_s + self.scoring_s
+
+    @property
+    def tokens_per_s_per_gpu(self) -> float:
+        """Generated tokens per second of prefill and decode on one GPU (a rollout's rate)."""
+        generating = self.prefill_s + self.decode_s
+        return 0.0 if generating <= 0 else self.rounds * self.tokens_per_round / generating
+
+
+def generation_rounds(setup: TrainSetup) -> float:
+    """Rounds per optimizer step: one every ``steps_per_generation`` micro steps."""
+    steps = setup.steps_per_generation or setup.grad_accum
+    return setup.grad_accum / steps
+
+
+def completions_per_round(setup: TrainSetup) -> int:
+    """Completions one rank generates at once: ``micro_batch x steps_per_generation``."""
+    return setup.micro_batch * (setup.steps_per_generation or setup.grad_accum)
+
+
+def kv_bytes_per_token(model: ModelSpec, element_bytes: int) -> int:
+    """Keys and values of one token in every layer."""
+    return 2 * model.num_layers * model.num_kv_heads * model.head_dim * element_bytes
+
+
+@dataclass(frozen=True)
+class DecodeBatch:
+    """What one decode step works on: sequences, cached tokens each, and element sizes."""
+
+    sequences: int
+    context: float  # cached tokens per sequence
+    weight_bytes: int
+    kv_element_bytes: int
+
+
+def decode_step_seconds(
+    model: ModelSpec, gpu: GpuSpec, batch: DecodeBatch, efficiency: float
+) -> float:
+    """One decode step: the weights and the batch's KV cache read once, or the step's matmuls
+    (``efficiency`` of the dense peak) when a large batch makes them take longer."""
+    cache = batch.sequences * batch.context * kv_bytes_per_token(model, batch.kv_element_bytes)
+    read = model.params * batch.weight_bytes + cache
+    memory_s = read / (gpu.hbm_gbps * 1e9 * DECODE_HBM_EFFICIENCY)
+    attention = 4 * model.num_layers * model.num_heads * model.head_dim * batch.context
+    flops = batch.sequences * (2 * model.active_params + attention)
+    return max(memory_s, flops / (gpu.bf16_tflops * 1e12 * efficiency))
+
+
+def vllm_waves(setup: TrainSetup, model: ModelSpec, gpu: GpuSpec, sequences: int) -> int:
+    """Waves vLLM needs when its share of the GPU cannot cache every sequence at once."""
+    share = (setup.vllm_gpu_memory_utilization or 0.0) * gpu.memory_gib * GIB
+    kv_space = share - model.params * 2
+    per_sequence = setup.seq_len * kv_bytes_per_token(model, 2)
+    fits = int(kv_space // per_sequence) if kv_space > 0 else 1
+    return math.ceil(sequences / max(1, min(sequences, fits)))
+
+
+def estimate_generation_time(
+    setup: TrainSetup,
+    model: ModelSpec,
+    gpu: GpuSpec,
+    *,
+    ring_gbps: float,
+    gather_for_generation: bool = True,
+) -> GenerationTime:
+    """GRPO's generation seconds per optimizer step of ``setup``.
+
+    ``ring_gbps``: what the job's ring collective reaches, GB/s (step_time.Links.ring_gbps),
+    for ZeRO-3's gathers. ``gather_for_generation``: TRL's ``ds3_gather_for_generation``.
+    """
+    from zerofit.speed.step_time import STAGE3_HOOK_S_PER_LAYER, compute_efficiency, ring_seconds
+
+    rounds = generation_rounds(setup)
+    sequences = completions_per_round(setup)
+    prompt = max(1, setup.seq_len - setup.completion_len)
+    vllm = bool(setup.vllm_gpu_memory_utilization)
+    peak = gpu.bf16_tflops * 1e12
+    prefill_flops = estimate_step_flops(model, seq_len=prompt, sequences=sequences).forward
+    prefill_s = prefill_flops / (peak * compute_efficiency(gpu, sequences * prompt))
+    # vLLM loads the checkpoint in 16 bits; transformers generates with the training weights:
+    # the compute dtype under DeepSpeed, the load dtype without it (TrainSetup.weight_bytes)
+    batch = DecodeBatch(
+        sequences=sequences,
+        context=prompt + setup.completion_len / 2,  # the cache grows by a token per step
+        weight_bytes=2 if vllm else setup.weight_bytes,
+        kv_element_bytes=2 if vllm or setup.precision != "fp32" else 4,
+    )
+    step_s = decode_step_seconds(model, gpu, batch, compute_efficiency(gpu, sequences))
+    gathered = model.params * 2
+    sharded = setup.stage == 3 and setup.world_size > 1
+    gather_s = ring_seconds(gathered, setup.world_size, ring_gbps) if sharded else 0.0
+    if vllm:
+        waves = vllm_waves(setup, model, gpu, sequences)
+        decode_s = rounds * setup.completion_len * (step_s + VLLM_STEP_S) * waves
+        # sync_weights, once per optimizer step: every parameter gathered (ZeRO-3), then
+        # written into vLLM's copy
+        weights_s = gather_s + 2 * gathered / (gpu.hbm_gbps * 1e9 * DECODE_HBM_EFFICIENCY)
+    else:
+        step_s += model.num_layers * HF_DECODE_S_PER_LAYER
+        weights_s = rounds * gather_s if gather_for_generation else 0.0
+        if not gather_for_generation and sharded:
+            # every forward gathers each module and runs its hooks (partitioned_param_coordinator)
+            per_forward = gather_s + model.num_layers * STAGE3_HOOK_S_PER_LAYER
+            step_s += per_forward
+            prefill_s += per_forward
+        decode_s = rounds * setup.completion_len * step_s
+    scoring_s = 0.0
+    if setup.uses_reference:
+        scored = estimate_step_flops(model, seq_len=setup.seq_len, sequences=sequences).forward
+        tokens = setup.micro_batch * setup.seq_len  # scored in micro batches
+        scoring_s = rounds * scored / (peak * compute_efficiency(gpu, tokens))
+    return GenerationTime(
+        engine="vllm" if vllm else "transformers",
+        rounds=rounds,
+        tokens_per_round=sequences * setup.completion_len,
+        prefill_s=rounds * prefill_s,
+        decode_s=decode_s,
+        weights_s=weights_s,
+        scoring_s=scoring_s,
+    )
