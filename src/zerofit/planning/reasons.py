@@ -34,6 +34,7 @@ TERM_WORDS = {
     "cpu_optimizer_s": "CPU Adam step",
     "gpu_optimizer_s": "GPU optimizer step",
     "overhead_s": "fixed per-step cost",
+    "generation_s": "generation",  # grpo's rollout (speed/generation.py)
 }
 
 
