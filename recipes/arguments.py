@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.util
 import math
 import os
 import sys
@@ -80,6 +81,25 @@ class RunArgs:
         False, "start over in a non-empty --output-dir (deletes the old checkpoints)"
     )
     seed: int = option(0, "seed of the model init and the data order")
+    finetuning: str = option(
+        "full",
+        "full: train every weight; lora: frozen base + trainable low-rank adapters (peft); "
+        "qlora: lora on a 4-bit NF4 base (bitsandbytes)",
+    )
+    # defaults as TRL's ModelConfig (trl/trainer/model_config.py: lora_r 16, lora_alpha 32,
+    # lora_dropout 0.05), the numbers most users start from
+    lora_rank: int = option(16, "lora/qlora: rank r of each adapter (A is r x in, B is out x r)")
+    lora_alpha: float = option(32.0, "lora/qlora: the update is scaled by lora_alpha / lora_rank")
+    lora_targets: str = option(
+        "all-linear",
+        "lora/qlora: all-linear (every linear layer but the output head), attention (the "
+        "attention projections), or module names, comma-separated, e.g. q_proj,v_proj",
+    )
+    lora_dropout: float = option(0.05, "lora/qlora: dropout on the adapter's input")
+    merge_adapter: bool = option(
+        False,
+        "lora: save final/ as a full model with the adapter merged in; default: the adapter only",
+    )
 
 
 def override(name: str, default) -> dataclasses.Field:
@@ -311,3 +331,45 @@ def check_run_args(args: RunArgs) -> None:
             "--overwrite and --resume-from contradict each other",
             "pass only one of them",
         )
+    check_finetuning_args(args)
+
+
+FINETUNING = ("full", "lora", "qlora")
+LORA_FIELDS = ("lora_rank", "lora_alpha", "lora_targets", "lora_dropout", "merge_adapter")
+
+
+def check_finetuning_args(args: RunArgs) -> None:
+    """--finetuning and the LoRA fields: in range, and no LoRA field set for a full fine-tune
+    (it would be silently ignored)."""
+    check_choice(args, "finetuning", FINETUNING)
+    if args.finetuning == "full":
+        defaults = {f.name: f.default for f in dataclasses.fields(RunArgs)}
+        changed = [name for name in LORA_FIELDS if getattr(args, name) != defaults[name]]
+        if changed:
+            fail(
+                changed[0],
+                f"is set but --finetuning is full (the {changed[0]} would be ignored)",
+                "add --finetuning lora (or qlora), or drop the flag",
+            )
+        return
+    check_at_least(args, 1, "lora_rank")
+    check_positive_float(args, "lora_alpha")
+    if not 0 <= args.lora_dropout < 1:
+        fail("lora_dropout", f"{args.lora_dropout} is outside [0, 1)", "use e.g. 0.05, or 0")
+    names = [name.strip() for name in args.lora_targets.split(",")]
+    if not all(names):
+        fail(
+            "lora_targets",
+            f"{args.lora_targets!r} has an empty name",
+            "give all-linear, attention, or module names like q_proj,v_proj",
+        )
+    if args.finetuning == "qlora" and args.merge_adapter:
+        fail(
+            "merge_adapter",
+            "cannot merge into a 4-bit base (the merged weights would be re-quantized)",
+            "save the adapter (the default), then merge it into the 16-bit base model",
+        )
+    if args.finetuning == "qlora" and importlib.util.find_spec("bitsandbytes") is None:
+        fail("finetuning", "qlora needs bitsandbytes", "pip install bitsandbytes")
+    if importlib.util.find_spec("peft") is None:
+        fail("finetuning", f"{args.finetuning} needs peft", "pip install peft")

@@ -15,6 +15,7 @@ import json
 import os
 import sys
 
+import lora
 from arguments import RunArgs, fail, looks_like_path, note
 
 
@@ -250,6 +251,24 @@ def load_model(args: RunArgs, tokenizer):
         )
 
 
+def load_policy(args: RunArgs, tokenizer, accelerator):
+    """The model to train, before accelerator.prepare: `--model` (or the tiny one) for a full
+    fine-tune, with LoRA adapters for `--finetuning lora`, in 4-bit NF4 with adapters for
+    qlora; with gradient checkpointing when asked (lora.py says how PEFT needs it)."""
+    if args.finetuning == "full":
+        model = load_model(args, tokenizer)
+        if args.gradient_checkpointing:
+            model.gradient_checkpointing_enable(
+                gradient_checkpointing_kwargs={"use_reentrant": False}
+            )
+        return model
+    if args.finetuning == "qlora":
+        model = lora.load_quantized_model(args, tokenizer, accelerator, build_tiny_model)
+    else:
+        model = load_model(args, tokenizer)
+    return lora.add_adapters(args, model, accelerator)
+
+
 def check_model(model: str) -> None:
     """`--model` before the heavy imports: a local directory with a config.json, or a hub id
     that is cached or answers (one line within seconds, not after the hub client's retries)."""
@@ -429,6 +448,9 @@ class Run:
     per_step: int  # data rows (sft, dpo) or prompts (grpo) one step takes on all ranks
     unit: str  # what per_step counts, as the checkpoint names it: "rows" or "prompts"
     noun: str  # the same in messages: "examples", "pairs", "prompts"
+    # extra arguments of accelerator.save_state / load_state (LoRA: keep the frozen base out)
+    save_kwargs: dict = dataclasses.field(default_factory=dict)
+    load_kwargs: dict = dataclasses.field(default_factory=dict)
 
     @property
     def world(self) -> int:
@@ -467,6 +489,21 @@ def start_run(args: RunArgs, project: str, unit: str, noun: str, group: int = 1)
     per_rank = args.per_device_batch_size * args.gradient_accumulation_steps
     per_step = per_rank * accelerator.num_processes // group
     return Run(project, accelerator, zero_stage, per_rank, per_step, unit, noun)
+
+
+def prepare_training(args: RunArgs, run: Run, model):
+    """AdamW over what trains (every weight, or the LoRA adapters), both prepared (wrapped by
+    DDP or a DeepSpeed engine); a LoRA run's checkpoints then hold only the adapters and their
+    optimizer state. Returns (model, optimizer)."""
+    import torch
+
+    optimizer = torch.optim.AdamW(
+        lora.trainable_parameters(model), lr=args.learning_rate, weight_decay=0.0
+    )
+    model, optimizer = run.accelerator.prepare(model, optimizer)
+    if args.finetuning != "full":
+        run.save_kwargs, run.load_kwargs = lora.adapter_only_checkpoints(run.accelerator, model)
+    return model, optimizer
 
 
 def start_progress(run: Run, args, start_step: int):

@@ -30,6 +30,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import arguments
 import common
+import lora
 import run_dir
 from arguments import fail, option, override
 
@@ -136,20 +137,22 @@ def dpo_loss(policy_chosen, policy_rejected, ref_chosen, ref_rejected, beta: flo
 
 # ----------------------------------------------------------------------------- setup
 def build_models(args: Args, run: common.Run, tok):
-    """Policy + optimizer (prepared) and the frozen reference (None with --precompute-ref)."""
-    import torch
+    """Policy + optimizer (prepared) and the frozen reference (None with --precompute-ref).
+
+    Under --finetuning lora/qlora the reference is the policy itself with its adapters disabled
+    (reference_logprobs enters lora.as_reference): no second copy of the weights."""
     from accelerate.utils import set_seed
 
     set_seed(args.seed)
-    model = common.load_model(args, tok)
-    ref = None if args.precompute_ref else common.load_model(args, tok)
-    if args.gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    optimizer = torch.optim.AdamW(model.parameters(), lr=args.learning_rate, weight_decay=0.0)
-    model, optimizer = run.accelerator.prepare(model, optimizer)
+    model = common.load_policy(args, tok, run.accelerator)
+    separate_ref = not args.precompute_ref and args.finetuning == "full"
+    ref = common.load_model(args, tok) if separate_ref else None
+    model, optimizer = common.prepare_training(args, run, model)
     if ref is not None:
         dtype = next(model.parameters()).dtype  # the policy's dtype, so rewards start at 0
         ref = common.prepare_reference(ref, run.accelerator, run.zero_stage, dtype)
+    elif not args.precompute_ref:
+        ref = model
     return model, optimizer, ref
 
 
@@ -218,7 +221,7 @@ def reference_logprobs(run: common.Run, ref, ref_table, indices: list[int], batc
     if ref_table is not None:
         scores = ref_table[torch.tensor(indices, device=run.accelerator.device)]
         return scores[:, 0], scores[:, 1]
-    with torch.no_grad(), run.accelerator.autocast():
+    with torch.no_grad(), run.accelerator.autocast(), lora.as_reference(run.accelerator, ref):
         return sequence_logprobs(ref, batch).chunk(2)
 
 
@@ -228,7 +231,7 @@ def train_step(args: Args, run: common.Run, model, optimizer, ref, ref_table, ba
 
     accelerator = run.accelerator
     clip_here = accelerator.state.deepspeed_plugin is None and args.max_grad_norm
-    sums = torch.zeros(5, device=accelerator.device, dtype=torch.float64)
+    sums = torch.zeros(7, device=accelerator.device, dtype=torch.float64)
     seen = 0
     for chunk, batch in batches:
         ref_chosen, ref_rejected = reference_logprobs(run, ref, ref_table, chunk, batch)
@@ -251,6 +254,8 @@ def train_step(args: Args, run: common.Run, model, optimizer, ref, ref_table, ba
                 float(rejected.sum()),
                 float((chosen > rejected).sum()),
                 n,
+                float(ref_chosen.sum()),
+                float(ref_rejected.sum()),
             ],
             device=accelerator.device,
             dtype=torch.float64,
@@ -265,7 +270,9 @@ def step_metrics(run: common.Run, step: int, sums, seen: int, seconds: float) ->
 
     accelerator = run.accelerator
     seen_all = int(accelerator.reduce(torch.tensor([seen], device=accelerator.device), "sum"))
-    loss, chosen, rejected, correct, pairs = accelerator.reduce(sums, "sum").tolist()
+    loss, chosen, rejected, correct, pairs, ref_chosen, ref_rejected = accelerator.reduce(
+        sums, "sum"
+    ).tolist()
     return {
         "step": step,
         "loss": loss / pairs,
@@ -273,6 +280,8 @@ def step_metrics(run: common.Run, step: int, sums, seen: int, seconds: float) ->
         "reward_rejected": rejected / pairs,
         "reward_margin": (chosen - rejected) / pairs,
         "reward_accuracy": correct / pairs,
+        "ref_logp_chosen": ref_chosen / pairs,
+        "ref_logp_rejected": ref_rejected / pairs,
         "tokens": seen_all,
         "tok_s": seen_all / seconds,
         "step_s": seconds,
@@ -298,11 +307,13 @@ def main(argv=None) -> None:
         ref_table = reference_table(args, run, model, pairs, tok.pad_token_id, start_step)
     accelerator = run.accelerator
     reference = "precomputed" if args.precompute_ref else "a frozen model"
+    if args.finetuning != "full" and not args.precompute_ref:
+        reference = "the base model (adapters disabled)"
     accelerator.print(
         f"dpo: {common.describe_setup(run)}, "
         f"{len(pairs)} pairs, {run.per_step} per step, reference {reference}, "
         f"micro-batch {args.per_device_batch_size}, "
-        f"accumulation {args.gradient_accumulation_steps}"
+        f"accumulation {args.gradient_accumulation_steps}, {lora.describe(args)}"
     )
     bar = common.start_progress(run, args, start_step)
 
@@ -321,7 +332,7 @@ def main(argv=None) -> None:
         run_dir.checkpoint_on_schedule(run, args, step)
     bar.close()
 
-    run_dir.save_final_model(accelerator, model, tok, args.output_dir, "dpo")
+    run_dir.save_final_model(accelerator, model, tok, args.output_dir, "dpo", args.merge_adapter)
     common.finish_run(accelerator)
 
 

@@ -31,6 +31,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import arguments
 import common
+import lora
 import run_dir
 from arguments import fail, option, override
 from common import sample_indices as prompt_indices  # the prompts of a step
@@ -311,8 +312,10 @@ def micro_slices(args: Args) -> list[slice]:
 
 
 def build_models(args: Args, run: common.Run):
-    """Tokenizer, policy, optional frozen reference (beta > 0) and optimizer, prepared."""
-    import torch
+    """Tokenizer, policy, optional frozen reference (beta > 0) and optimizer, prepared.
+
+    Under --finetuning lora/qlora the reference is the policy itself with its adapters disabled
+    (update_policy enters lora.as_reference): no second copy of the weights."""
     from accelerate.utils import set_seed
 
     accelerator = run.accelerator
@@ -320,15 +323,15 @@ def build_models(args: Args, run: common.Run):
     tok = common.load_tokenizer(args)
     tok.padding_side = "left"
     tok.truncation_side = "left"
-    model = common.load_model(args, tok)
-    ref = common.load_model(args, tok) if args.beta else None
-    if args.gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    optimizer = torch.optim.AdamW(model.parameters(), lr=args.learning_rate, weight_decay=0.0)
-    model, optimizer = accelerator.prepare(model, optimizer)
+    model = common.load_policy(args, tok, accelerator)
+    separate_ref = args.beta and args.finetuning == "full"
+    ref = common.load_model(args, tok) if separate_ref else None
+    model, optimizer = common.prepare_training(args, run, model)
     if ref is not None:
         dtype = next(model.parameters()).dtype  # same dtype as the policy, so KL starts at 0
         ref = common.prepare_reference(ref, accelerator, run.zero_stage, dtype)
+    elif args.beta:
+        ref = model
     set_seed(args.seed, device_specific=True)  # ranks sharing a prompt's group must sample apart
     return tok, model, ref, optimizer
 
@@ -447,7 +450,8 @@ def update_policy(args: Args, run: common.Run, model, ref, optimizer, rollout: d
         if args.num_iterations > 1:
             old = torch.cat([rollout_logprobs(args, run, model, rollout, c) for c in chunks])
         if ref is not None:
-            ref_lp = torch.cat([rollout_logprobs(args, run, ref, rollout, c) for c in chunks])
+            with lora.as_reference(accelerator, ref):
+                ref_lp = torch.cat([rollout_logprobs(args, run, ref, rollout, c) for c in chunks])
     mask, advantages = rollout["mask"], rollout["advantages"]
     ga = args.gradient_accumulation_steps
     num_tokens = mask.sum().clamp(min=1) / ga  # dapo: a micro-batch's share of this rank's tokens
@@ -548,7 +552,7 @@ def main(argv=None) -> None:
         f"grpo: {common.describe_setup(run)}, "
         f"{run.per_step} prompts x {args.num_generations} generations per "
         f"step, micro-batch {args.per_device_batch_size}, "
-        f"accumulation {args.gradient_accumulation_steps}"
+        f"accumulation {args.gradient_accumulation_steps}, {lora.describe(args)}"
     )
     bar = common.start_progress(run, args, start_step)
 
@@ -564,7 +568,7 @@ def main(argv=None) -> None:
         run_dir.checkpoint_on_schedule(run, args, step)
     bar.close()
 
-    run_dir.save_final_model(accelerator, model, tok, args.output_dir, "grpo")
+    run_dir.save_final_model(accelerator, model, tok, args.output_dir, "grpo", args.merge_adapter)
     common.finish_run(accelerator)
 
 

@@ -22,6 +22,7 @@ import socket
 import tempfile
 import time
 
+import lora
 from arguments import RunArgs, fail, note
 
 LOCK_NAME = ".lock"
@@ -166,7 +167,7 @@ def resume_or_start(args: RunArgs, run, resume_path: str):
                 f"the checkpoint used {used} {run.noun} per step, this run {run.per_step}",
                 "resume with the same global batch (micro-batch x processes x accumulation)",
             )
-        run.accelerator.load_state(resume_path)
+        run.accelerator.load_state(resume_path, **run.load_kwargs)
         start_step = state["step"]
         run.accelerator.print(f"{run.project}: resumed from {resume_path} at step {start_step}")
     return start_step, MetricsLog(run.accelerator, args.output_dir, start_step)
@@ -226,10 +227,14 @@ def checkpoint_on_schedule(run, args: RunArgs, step: int) -> None:
         f"{run.unit}_per_step": run.per_step,
         f"{run.unit}_seen": step * run.per_step,
     }
-    save_checkpoint(run.accelerator, args.output_dir, step, state, args.save_total_limit)
+    save_checkpoint(
+        run.accelerator, args.output_dir, step, state, args.save_total_limit, run.save_kwargs
+    )
 
 
-def save_checkpoint(accelerator, output_dir: str, step: int, state: dict, keep: int = 0) -> None:
+def save_checkpoint(
+    accelerator, output_dir: str, step: int, state: dict, keep: int = 0, save_kwargs=None
+) -> None:
     """checkpoint-STEP via a temp dir, fsynced, renamed; then `latest` moves; then old ones rotate.
 
     A SIGKILL at any moment leaves `latest` naming a complete checkpoint. `trainer_state.json`
@@ -239,7 +244,7 @@ def save_checkpoint(accelerator, output_dir: str, step: int, state: dict, keep: 
     if accelerator.is_main_process:
         shutil.rmtree(tmp, ignore_errors=True)  # left by a save that a crash cut short
     accelerator.wait_for_everyone()
-    accelerator.save_state(tmp)  # every rank writes its own shards + RNG state
+    accelerator.save_state(tmp, **(save_kwargs or {}))  # every rank: its shards + RNG state
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         files = list_files(tmp)
@@ -337,12 +342,20 @@ def read_metrics(path: str) -> list[dict]:
 
 
 # ----------------------------------------------------------------------------- final model
-def save_final_model(accelerator, model, tokenizer, output_dir: str, program: str) -> None:
-    """The model in HF format in output_dir/final (16-bit weights gathered under ZeRO-3).
+def save_final_model(
+    accelerator, model, tokenizer, output_dir: str, program: str, merge_adapter: bool = False
+) -> None:
+    """The model in HF format in output_dir/final (16-bit weights gathered under ZeRO-3); a LoRA
+    model as its adapter, or merged into a full model with `merge_adapter` (lora.py).
 
     Written to a temp dir and renamed, so `final` is never half-written. Reload it in a separate
     process: under ZeRO-3 loading on rank 0 alone inside the run starts parameter gathers the
     other ranks never join, and they hang."""
+    if lora.is_peft_model(accelerator.unwrap_model(model)):
+        final = lora.save_final_adapter(accelerator, model, tokenizer, output_dir, merge_adapter)
+        saved = "model, adapter merged," if merge_adapter else "adapter"
+        accelerator.print(f"{program}: final {saved} in {final}")
+        return
     state_dict = accelerator.get_state_dict(model)  # collective: every rank must call it
     if accelerator.is_main_process:
         final = os.path.join(output_dir, "final")

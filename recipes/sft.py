@@ -28,6 +28,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import arguments
 import common
+import lora
 import run_dir
 from arguments import fail, option, override
 
@@ -212,16 +213,13 @@ def sft_loss(logits, labels, num_tokens=None):
 
 # ----------------------------------------------------------------------------- setup
 def build_model(args: Args, run: common.Run, tok):
-    """The model and its optimizer, prepared (wrapped by DDP or a DeepSpeed engine)."""
-    import torch
+    """The model (with LoRA adapters under --finetuning lora/qlora) and its optimizer, prepared
+    (wrapped by DDP or a DeepSpeed engine)."""
     from accelerate.utils import set_seed
 
     set_seed(args.seed)
-    model = common.load_model(args, tok)
-    if args.gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    optimizer = torch.optim.AdamW(model.parameters(), lr=args.learning_rate, weight_decay=0.0)
-    return run.accelerator.prepare(model, optimizer)
+    model = common.load_policy(args, tok, run.accelerator)
+    return common.prepare_training(args, run, model)
 
 
 # ----------------------------------------------------------------------------- update
@@ -291,7 +289,7 @@ def main(argv=None) -> None:
     start_step, metrics_log = run_dir.resume_or_start(args, run, resume_path)
     accelerator = run.accelerator
     accelerator.print(
-        f"sft: {common.describe_setup(run)}, "
+        f"sft: {common.describe_setup(run)}, {lora.describe(args)}, "
         f"{len(examples)} {'blocks' if args.packing else 'examples'}, "
         f"{run.per_step} per step, micro-batch {args.per_device_batch_size}, "
         f"accumulation {args.gradient_accumulation_steps}"
@@ -314,7 +312,7 @@ def main(argv=None) -> None:
         run_dir.checkpoint_on_schedule(run, args, step)
     bar.close()
 
-    run_dir.save_final_model(accelerator, model, tok, args.output_dir, "sft")
+    run_dir.save_final_model(accelerator, model, tok, args.output_dir, "sft", args.merge_adapter)
     common.finish_run(accelerator)
 
 
