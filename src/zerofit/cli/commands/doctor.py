@@ -1,5 +1,6 @@
 """`zerofit doctor`: pre-flight checks on each node; `--serve`/`--connect` prove a port is
-reachable."""
+reachable; `--allocation --measure-bandwidth --facts-out FILE` times the network between the
+nodes and writes the cluster-facts file."""
 
 from __future__ import annotations
 
@@ -20,6 +21,9 @@ EXAMPLES = """examples:
   srun --ntasks-per-node=1 zerofit doctor --allocation logs/doctor \\
       --main-addr node001 --main-port 29500
                                                 # every node of a Slurm job at once, compared
+  srun --ntasks-per-node=1 zerofit doctor --allocation logs/doctor \\
+      --main-addr node001 --main-port 29500 --measure-bandwidth --facts-out cluster.json
+                                                # and time the network: plan --cluster-facts
 """
 
 
@@ -72,6 +76,26 @@ def register(sub) -> None:
     p.add_argument(
         "--nodes", type=int, help="with --allocation: node count (default: $SLURM_NNODES)"
     )
+    p.add_argument(
+        "--measure-bandwidth",
+        action="store_true",
+        help="with --allocation: time a TCP transfer around the nodes (a ring, all pairs at once) "
+        "over the address that routes to the main node, and print Gbit/s per pair",
+    )
+    p.add_argument(
+        "--bandwidth-seconds",
+        type=float,
+        default=2.0,
+        metavar="S",
+        help="with --measure-bandwidth: seconds each pair streams (2; it stops early after 2 GiB)",
+    )
+    p.add_argument(
+        "--facts-out",
+        metavar="FILE",
+        help="with --allocation: measure the bandwidth and write the cluster-facts JSON that "
+        "plan / estimate / config --cluster-facts read (node 0 writes it)",
+    )
+    p.add_argument("--force", action="store_true", help="overwrite an existing --facts-out file")
     net = p.add_mutually_exclusive_group()
     net.add_argument(
         "--serve", type=int, metavar="PORT", help="listen on PORT for one --connect, then exit"
@@ -169,12 +193,89 @@ def _fill_from_slurm(args) -> None:
         raise ZerofitError("timeout", f"{args.timeout:g} must be positive", "use e.g. --timeout 60")
 
 
-def _allocation(args, facts: dict) -> int:
-    from zerofit.doctor.allocation import run_allocation
+def _check_bandwidth_flags(args) -> None:
+    """--measure-bandwidth / --facts-out: refused up front, before any node waits on another."""
+    if args.facts_out:
+        args.measure_bandwidth = True
+    if not args.measure_bandwidth:
+        return
+    if not args.allocation:
+        raise ZerofitError(
+            "measure-bandwidth",
+            "times the network between the nodes of an allocation",
+            "add --allocation DIR and run it on every node at once",
+        )
+    if not 0 < args.bandwidth_seconds <= 60:
+        raise ZerofitError(
+            "bandwidth-seconds",
+            f"{args.bandwidth_seconds:g} is not in (0, 60]",
+            "use e.g. --bandwidth-seconds 2",
+        )
+    if args.facts_out:
+        _refuse_existing(Path(args.facts_out), args.force)
 
-    ok, text = run_allocation(facts, args.allocation, args.nodes, args.token, args.timeout)
-    print(text, end="", file=sys.stdout if ok else sys.stderr, flush=True)
-    return 0 if ok else 1
+
+def _refuse_existing(path: Path, force: bool) -> None:
+    if path.is_dir():
+        raise ZerofitError("facts-out", f"{path} is a directory", "give a file name")
+    if path.exists() and not force:
+        raise ZerofitError(
+            "facts-out",
+            f"{path} already exists",
+            "pass --force to overwrite it, or choose another --facts-out file",
+        )
+
+
+def _allocation(args, facts: dict) -> int:
+    from zerofit.doctor.allocation import check_allocation
+
+    if args.measure_bandwidth:
+        if args.nodes < 2:
+            raise ZerofitError(
+                "measure-bandwidth", "needs two or more nodes", "run it in a multi-node job"
+            )
+        if not facts["main_addr"]:
+            raise ZerofitError(
+                "main_addr",
+                "--measure-bandwidth needs the main node's address (the launch's network)",
+                "pass --main-addr or --config",
+            )
+    result = check_allocation(
+        facts,
+        args.allocation,
+        args.nodes,
+        args.token,
+        args.timeout,
+        bandwidth_seconds=args.bandwidth_seconds if args.measure_bandwidth else None,
+    )
+    print(result.text, end="", file=sys.stdout if result.ok else sys.stderr, flush=True)
+    if args.facts_out and facts["node_rank"] == 0:
+        _write_facts(args, result)
+    return 0 if result.ok else 1
+
+
+def _write_facts(args, result) -> None:
+    """Node 0 writes the facts file once every ring pair was measured."""
+    from zerofit.cluster_facts import write_cluster_facts
+    from zerofit.doctor.allocation import build_cluster_facts
+
+    failed = [p for p in result.pairs if p["gbps"] is None]
+    if failed or not result.pairs:
+        print(
+            f"zerofit doctor: {args.facts_out} not written: {len(failed)} of "
+            f"{len(result.pairs)} pairs were not measured",
+            file=sys.stderr,
+        )
+        return
+    facts = build_cluster_facts(result.pairs, result.hosts, args.bandwidth_seconds)
+    path = Path(args.facts_out)
+    _refuse_existing(path, args.force)  # again: it may have appeared while the nodes measured
+    write_cluster_facts(path, facts)
+    print(
+        f"wrote {path} (inter_node_gbps {facts.inter_node_gbps:g}: the slowest pair); "
+        f"use it with `zerofit plan --cluster-facts {path}`",
+        flush=True,
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -194,6 +295,7 @@ def run(args: argparse.Namespace) -> int:
         raise ZerofitError(
             "main_port", f"{args.main_port} is out of range", "use a port in 1-65535"
         )
+    _check_bandwidth_flags(args)
     if args.allocation:
         _fill_from_slurm(args)
     facts = gather_facts(

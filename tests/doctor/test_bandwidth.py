@@ -1,0 +1,279 @@
+"""zerofit.doctor.bandwidth and `zerofit doctor --measure-bandwidth --facts-out`: the rate
+arithmetic, the slowest pair and the facts file (pure); the timed transfer on loopback and its
+one-line errors on a peer that is absent, silent or gone; and the real thing between two network
+namespaces joined by a veth pair shaped to 200 Mbit/s with tc (root only).
+
+Run: .venv/bin/python -m pytest tests/doctor/test_bandwidth.py -q   (~15 s; ~8 s without root)
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from zerofit.cli.main import main
+from zerofit.cluster_facts import load_cluster_facts, write_cluster_facts
+from zerofit.doctor.allocation import build_cluster_facts, render_bandwidth
+from zerofit.doctor.bandwidth import (
+    HELLO_BYTES,
+    BandwidthError,
+    BandwidthServer,
+    Transfer,
+    measure_to,
+    rate_gbps,
+    slowest_pair,
+)
+
+LAUNCH_TESTS = Path(__file__).resolve().parents[1] / "launch"
+SHAPED_MBIT = 200
+
+
+def pair(src: int, dst: int, gbps: float | None, error: str | None = None) -> dict:
+    return {
+        "from_rank": src,
+        "to_rank": dst,
+        "from_host": f"node-{src}",
+        "to_host": f"node-{dst}",
+        "from_addr": f"10.0.0.{src + 1}",
+        "to_addr": f"10.0.0.{dst + 1}",
+        "gbps": gbps,
+        "nbytes": None if gbps is None else int(gbps * 1e9 / 8 * 2),
+        "seconds": None if gbps is None else 2.0,
+        "error": error,
+    }
+
+
+# --- pure ---------------------------------------------------------------------------------------
+def test_rate_is_decimal_gigabits_per_second() -> None:
+    assert rate_gbps(25_000_000, 1.0) == pytest.approx(0.2)  # 200 Mbit/s, as tc's "200mbit"
+    assert Transfer(50_000_000, 2.0).gbps == pytest.approx(0.2)
+    assert rate_gbps(12_500_000_000, 1.0) == pytest.approx(100.0)
+    with pytest.raises(ValueError, match="positive duration"):
+        rate_gbps(1, 0.0)
+
+
+def test_slowest_pair_skips_the_unmeasured() -> None:
+    pairs = [pair(0, 1, 9.4), pair(1, 2, None, "nothing listens"), pair(2, 0, 0.19)]
+    assert slowest_pair(pairs)["from_rank"] == 2
+    with pytest.raises(ValueError):
+        slowest_pair([pair(0, 1, None, "x")])
+
+
+def test_facts_hold_the_slowest_pair_and_every_pair_and_read_back(tmp_path: Path) -> None:
+    pairs = [pair(0, 1, 9.41), pair(1, 2, 0.196), pair(2, 0, 9.38)]
+    facts = build_cluster_facts(pairs, {0: "node-0", 1: "node-1", 2: "node-2"}, 2.0)
+    assert facts.inter_node_gbps == 0.196 and facts.intra_node_gbps is None
+    assert [n["host"] for n in facts.nodes] == ["node-0", "node-1", "node-2"]
+    assert [p["gbps"] for p in facts.measured["pairs"]] == [9.41, 0.196, 9.38]
+    assert facts.measured["slowest"] == {"from_rank": 1, "to_rank": 2, "gbps": 0.196}
+    path = write_cluster_facts(tmp_path / "cluster.json", facts)
+    assert load_cluster_facts(path) == facts
+    assert json.loads(path.read_text())["inter_node_gbps"] == 0.196
+    with pytest.raises(ValueError, match="1 of 2 pairs were not measured"):
+        build_cluster_facts([pair(0, 1, 9.4), pair(1, 0, None, "gone")], {}, 2.0)
+
+
+def test_table_names_each_pair_and_the_slowest() -> None:
+    text = render_bandwidth([pair(0, 1, 0.196), pair(1, 0, None, "nothing listens on x")], 2.0)
+    assert "rank 0 -> rank 1" in text and "0.196 Gbit/s" in text
+    assert "failed: nothing listens on x" in text
+    assert "slowest: rank 0 -> rank 1 at 0.196 Gbit/s" in text
+
+
+# --- the transfer on loopback -------------------------------------------------------------------
+def test_transfer_on_loopback_is_timed_by_the_receiver() -> None:
+    server = BandwidthServer("127.0.0.1", "tok").start(1)
+    started = time.monotonic()
+    transfer = measure_to("127.0.0.1", server.port, "tok", seconds=0.3, streams=2, timeout=5)
+    assert time.monotonic() - started < 5
+    received = server.wait(5)
+    assert len(received) == 1 and received[0]["error"] is None
+    assert received[0]["nbytes"] == transfer.nbytes > 0
+    assert 0.05 < transfer.seconds < 2 and transfer.gbps > 0.1
+
+
+def test_byte_budget_ends_the_transfer_before_the_time() -> None:
+    server = BandwidthServer("127.0.0.1", "tok").start(1)
+    transfer = measure_to(
+        "127.0.0.1", server.port, "tok", seconds=30, streams=2, timeout=5, max_bytes=8 << 20
+    )
+    server.wait(5)
+    assert transfer.nbytes == 8 << 20 and transfer.seconds < 5
+
+
+def test_wrong_token_and_nobody_listening_are_one_line_errors() -> None:
+    server = BandwidthServer("127.0.0.1", "right").start(1)
+    with pytest.raises(BandwidthError, match="different --token") as wrong:
+        measure_to("127.0.0.1", server.port, "wrong", seconds=0.2, timeout=5)
+    server.close()
+    with pytest.raises(BandwidthError, match="nothing listens on 127.0.0.1") as nobody:
+        measure_to("127.0.0.1", server.port, "right", seconds=0.2, timeout=5)
+    for error in (wrong, nobody):
+        assert "\n" not in str(error.value) and "(fix: " in str(error.value)
+
+
+def test_silent_peer_ends_within_the_timeout() -> None:
+    """A port whose owner accepts and never answers: the sender gives up after its timeout."""
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(16)
+        started = time.monotonic()
+        with pytest.raises(BandwidthError, match="never answered") as error:
+            measure_to("127.0.0.1", silent.getsockname()[1], "tok", seconds=0.2, timeout=1)
+        assert time.monotonic() - started < 4
+    assert "\n" not in str(error.value)
+
+
+def test_peer_that_dies_mid_transfer_is_a_one_line_error() -> None:
+    """A receiver that answers the hello, then closes: the sender reports the broken transfer."""
+    with socket.socket() as dying:
+        dying.bind(("127.0.0.1", 0))
+        dying.listen(16)
+
+        def answer_then_close() -> None:
+            dying.settimeout(5)
+            for _ in range(4):  # the sender's streams
+                conn, _ = dying.accept()
+                conn.recv(HELLO_BYTES)
+                conn.sendall(b"OK\n")
+                time.sleep(0.05)
+                conn.close()
+
+        peer = threading.Thread(target=answer_then_close, daemon=True)
+        peer.start()
+        started = time.monotonic()
+        with pytest.raises(BandwidthError) as error:
+            measure_to("127.0.0.1", dying.getsockname()[1], "tok", seconds=1.0, timeout=2)
+        peer.join(5)
+    assert time.monotonic() - started < 8
+    assert "127.0.0.1" in str(error.value) and "\n" not in str(error.value)
+
+
+# --- the CLI --------------------------------------------------------------------------------------
+def test_flags_are_refused_in_one_line(tmp_path: Path, capsys) -> None:
+    existing = tmp_path / "cluster.json"
+    existing.write_text("{}")
+    refused = [
+        (["doctor", "--measure-bandwidth"], "measure-bandwidth: "),
+        (
+            ["doctor", "--allocation", str(tmp_path), "--facts-out", str(existing)],
+            "facts-out: ",
+        ),
+        (
+            ["doctor", "--allocation", str(tmp_path), "--measure-bandwidth"]
+            + ["--bandwidth-seconds", "0"],
+            "bandwidth-seconds: ",
+        ),
+        (
+            ["doctor", "--allocation", str(tmp_path), "--measure-bandwidth"]
+            + ["--nodes", "1", "--node-rank", "0", "--main-addr", "127.0.0.1"],
+            "measure-bandwidth: needs two or more nodes",
+        ),
+    ]
+    for argv, start in refused:
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert err.startswith(f"zerofit: error: {start}") and len(err.strip().splitlines()) == 1
+    assert existing.read_text() == "{}"  # without --force the file is never touched
+
+
+def run_two_nodes(
+    directory: Path, main_addr: str, facts_out: Path, seconds: float, wrap=lambda rank, cmd: cmd
+) -> tuple[subprocess.CompletedProcess, subprocess.CompletedProcess]:
+    """`zerofit doctor --allocation --measure-bandwidth` as node 0 and node 1 at once (each
+    imports torch for its versions: seconds on a busy machine)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    cmd = [sys.executable, "-m", "zerofit", "doctor", "--allocation", str(directory)]
+    cmd += ["--main-addr", main_addr, "--main-port", str(port), "--nodes", "2"]
+    cmd += ["--timeout", "20", "--measure-bandwidth", "--bandwidth-seconds", str(seconds)]
+    cmd += ["--facts-out", str(facts_out)]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    node0 = subprocess.Popen(
+        wrap(0, cmd + ["--node-rank", "0"]),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        node1 = subprocess.run(
+            wrap(1, cmd + ["--node-rank", "1"]),
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=env,
+        )
+        out0, err0 = node0.communicate(timeout=60)
+    finally:
+        if node0.poll() is None:
+            node0.kill()
+            node0.wait(10)
+    return subprocess.CompletedProcess(node0.args, node0.returncode, out0, err0), node1
+
+
+def test_allocation_on_loopback_writes_facts_that_read_back(tmp_path: Path) -> None:
+    facts_out = tmp_path / "cluster.json"
+    node0, node1 = run_two_nodes(tmp_path / "rep", "127.0.0.1", facts_out, seconds=0.5)
+    assert node0.returncode == 0 and node1.returncode == 0, node0.stderr + node1.stderr
+    assert "slowest: rank" in node0.stdout and f"wrote {facts_out}" in node0.stdout
+    assert "(rank 1): ok; sent" in node1.stdout
+    facts = load_cluster_facts(facts_out)
+    measured = [p["gbps"] for p in facts.measured["pairs"]]
+    assert len(measured) == 2 and facts.inter_node_gbps == min(measured) > 0
+
+
+# --- two namespaces over a veth pair shaped to 200 Mbit/s ---------------------------------------
+def load_real_cluster():
+    """tests/launch/real_cluster.py (not a package): its namespace helpers, imported once."""
+    if "real_cluster" in sys.modules:
+        return sys.modules["real_cluster"]
+    spec = importlib.util.spec_from_file_location("real_cluster", LAUNCH_TESTS / "real_cluster.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["real_cluster"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_shaped_link_between_namespaces_measures_its_rate(tmp_path: Path) -> None:
+    """Node 0 and node 1 in their own network namespaces; tc's token bucket limits each side's
+    sending to 200 Mbit/s. The ring measures both directions at once, so each carries the other's
+    ACKs too, as in a ring all-reduce. (Shaping one side only would starve the other direction:
+    its ACKs queue behind 50 ms of the shaped side's data.)"""
+    cluster = load_real_cluster()
+    cluster.need_root_and(("ip", "tc", "nsenter"), "the shaped-link bandwidth test")
+    with cluster.namespace_pair(f"zfbw{os.getpid() % 10000}", "10.83.0") as hosts:
+        for namespace in hosts.names:
+            shape = cluster.run(
+                ["tc", "-n", namespace, "qdisc", "add", "dev", cluster.IFACE, "root", "tbf"]
+                + ["rate", f"{SHAPED_MBIT}mbit", "burst", "64kb", "latency", "50ms"]
+            )
+            if shape.returncode != 0:
+                pytest.skip(f"tc cannot shape the veth here: {shape.stderr.strip()}")
+        facts_out = tmp_path / "cluster.json"
+        node0, node1 = run_two_nodes(
+            tmp_path / "rep",
+            hosts.addrs[0],
+            facts_out,
+            seconds=1.0,
+            wrap=lambda rank, cmd: cluster.in_ns(hosts.names[rank], cmd),
+        )
+    assert node0.returncode == 0 and node1.returncode == 0, node0.stderr + node1.stderr
+    print(node0.stdout)  # the table, under -s
+    facts = load_cluster_facts(facts_out)
+    there, back = facts.measured["pairs"]
+    assert (there["from_addr"], there["to_addr"]) == hosts.addrs  # the launch's network
+    assert (back["from_addr"], back["to_addr"]) == hosts.addrs[::-1]
+    for measured in (there, back):
+        assert measured["gbps"] == pytest.approx(SHAPED_MBIT / 1000, rel=0.15)
+    assert facts.inter_node_gbps == min(there["gbps"], back["gbps"])
