@@ -84,11 +84,23 @@ def load_quantized_model(args, tokenizer, accelerator, build_tiny_model):
                 f"cannot load {args.model or 'the tiny model'} in 4-bit: {first_line(e)}",
                 "use --finetuning lora, or a machine where bitsandbytes runs",
             )
+    keep_training_layout_on_cpu(model)
     return prepare_model_for_kbit_training(
         model,
         use_gradient_checkpointing=args.gradient_checkpointing,
         gradient_checkpointing_kwargs=checkpointing_kwargs(accelerator),
     )
+
+
+def keep_training_layout_on_cpu(model) -> None:
+    """On a CPU with AVX512-BF16, bitsandbytes repacks a 4-bit weight into an inference-only
+    layout the first time its layer runs in eval mode without gradients (bitsandbytes
+    nn/modules.py, Linear4bit.forward: `_convert_weight_packed_for_cpu`), and a later training
+    forward then fails in `matmul_4bit` ("a view of a leaf Variable ... in-place operation",
+    seen after GRPO's generate here). The layers keep the layout they train with."""
+    for module in model.modules():
+        if hasattr(module, "support_avx512bf16_for_cpu"):
+            module.support_avx512bf16_for_cpu = False
 
 
 def checkpointing_kwargs(accelerator) -> dict:
