@@ -186,14 +186,33 @@ def test_flags_are_refused_in_one_line(tmp_path: Path, capsys) -> None:
     assert existing.read_text() == "{}"  # without --force the file is never touched
 
 
+def test_a_node_that_never_comes_writes_no_facts(tmp_path: Path, capsys) -> None:
+    """Node 0 alone: its pair has no peer, the run fails within the timeout, and no file."""
+    facts_out = tmp_path / "cluster.json"
+    argv = ["doctor", "--allocation", str(tmp_path / "rep"), "--main-addr", "127.0.0.1"]
+    argv += ["--main-port", str(find_port()), "--nodes", "2", "--node-rank", "0"]
+    argv += ["--timeout", "2", "--measure-bandwidth", "--facts-out", str(facts_out)]
+    started = time.monotonic()
+    assert main(argv) == 1
+    assert time.monotonic() - started < 15
+    err = capsys.readouterr().err
+    assert "bandwidth: rank 0 -> rank 1: rank 1 sent no report" in err
+    assert f"{facts_out} not written: 2 of 2 pairs were not measured" in err
+    assert not facts_out.exists()
+
+
+def find_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
 def run_two_nodes(
     directory: Path, main_addr: str, facts_out: Path, seconds: float, wrap=lambda rank, cmd: cmd
 ) -> tuple[subprocess.CompletedProcess, subprocess.CompletedProcess]:
     """`zerofit doctor --allocation --measure-bandwidth` as node 0 and node 1 at once (each
     imports torch for its versions: seconds on a busy machine)."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = find_port()
     cmd = [sys.executable, "-m", "zerofit", "doctor", "--allocation", str(directory)]
     cmd += ["--main-addr", main_addr, "--main-port", str(port), "--nodes", "2"]
     cmd += ["--timeout", "20", "--measure-bandwidth", "--bandwidth-seconds", str(seconds)]

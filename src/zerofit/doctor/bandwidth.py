@@ -158,8 +158,9 @@ class BandwidthServer:
             handler = threading.Thread(target=self._handle, args=(conn, peer[0]), daemon=True)
             handler.start()
             handlers.append(handler)
-        for handler in handlers:  # each is bounded by its socket and barrier timeouts
-            handler.join(self.timeout * 2 + 1)
+        join_by = time.monotonic() + self.timeout * 2 + 1  # handlers: socket and barrier timeouts
+        for handler in handlers:
+            handler.join(max(0.0, join_by - time.monotonic()))
 
     def _handle(self, conn: socket.socket, peer: str) -> None:
         with conn:
@@ -277,8 +278,9 @@ def measure_to(
         ]
         for thread in threads:
             thread.start()
-        for thread in threads:  # each send is bounded by the socket timeout
-            thread.join(seconds + timeout + 5)
+        join_by = time.monotonic() + seconds + timeout + 5  # each send is bounded by the timeout
+        for thread in threads:
+            thread.join(max(0.0, join_by - time.monotonic()))
         if errors or any(t.is_alive() for t in threads):
             sent_mb = sum(sent) / 1e6
             problem = errors[0] if errors else f"a send stalled for {timeout:g} s"
