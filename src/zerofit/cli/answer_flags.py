@@ -75,6 +75,13 @@ _HELP = {
     "or packed into --seq-len tokens with --no-padding",
     "avg_seq_len": "average tokens per sample, with --dataset-samples (default: --seq-len)",
     "epochs": "passes over the data (default 1; may be fractional)",
+    "finetuning": "full (every weight trains; default), lora (PEFT adapters on a frozen base) or "
+    "qlora (adapters on a bitsandbytes 4-bit NF4 base, double quantization)",
+    "lora_rank": "lora/qlora: the adapters' rank r (default 16, TRL's lora_r)",
+    "lora_targets": "lora/qlora: all-linear (default: every linear layer but the LM head), "
+    "attention (q/k/v/o), or module names as PEFT takes them, e.g. q_proj,v_proj",
+    "lora_dropout": "lora/qlora: dropout on the adapters' input (default 0.05, TRL's; 0 keeps no "
+    "mask or dropped copy)",
 }
 # Flags named otherwise than their field: the first name is the documented one; the others keep
 # older spellings working (--flavour) or match launch/doctor's names for one thing (--main-addr,

@@ -28,6 +28,7 @@ from zerofit.addresses import check_address
 from zerofit.errors import ZerofitError
 
 # the memory model owns what it can estimate: one list each, not a copy here
+from zerofit.memory.lora import FINETUNING, MAX_LORA_RANK, check_lora_targets
 from zerofit.memory.losses import LOSS_KERNELS
 from zerofit.memory.optimizers import OPTIMIZERS, STACKS
 
@@ -54,6 +55,7 @@ Interconnect = Literal[INTERCONNECTS]
 Stack = Literal[STACKS]
 Optimizer = Literal[OPTIMIZERS]
 LossKernel = Literal[LOSS_KERNELS]
+Finetuning = Literal[FINETUNING]
 
 # Upper bounds of every count and size: generous for any real job, and small enough that nothing
 # downstream loops or allocates without end on a typo (100000000 GPUs per node once planned for
@@ -87,6 +89,7 @@ BOUND_REASONS = {
     "dataset_samples": "samples per epoch; 10^12 is past any fine-tuning set",
     "avg_seq_len": "tokens per sample, at most 1M",
     "epochs": "passes over the data; fine-tuning runs use 1-10",
+    "lora_rank": "the adapter's rank; published runs use 4-256, 4096 is past any useful rank",
 }
 # Ranges that are not counts: what to use instead (these messages predate the model; tests pin them)
 _RANGE_FIXES = {
@@ -94,6 +97,7 @@ _RANGE_FIXES = {
     "headroom": "use a fraction in 0.1-1.0",
     "vllm_gpu_memory_utilization": "use a fraction between 0 and 1, e.g. 0.3 (TRL's default)",
     "safety_margin_gib": "use 0-64 GiB",
+    "lora_dropout": "use a probability from 0 up to (not including) 1, e.g. 0.05 (TRL's default)",
 }
 # Sizes that are not counts, at or below zero: what to give instead
 _POSITIVE_FIXES = {
@@ -228,6 +232,14 @@ class Answers:
     dataset_samples: Annotated[int, Number, Field(ge=1, le=MAX_DATASET_SAMPLES)] | None = None
     avg_seq_len: Annotated[int, Number, Field(ge=1, le=MAX_SEQ_LEN)] | None = None
     epochs: Annotated[float, Number, Field(gt=0.0, le=MAX_EPOCHS)] = 1.0
+    # --- parameter-efficient fine-tuning (memory/lora.py): full | lora | qlora (PEFT adapters
+    # on a frozen base; qlora: the base in bitsandbytes 4-bit NF4 with double quantization).
+    # Rank and dropout default to TRL's ModelConfig (lora_r 16, lora_dropout 0.05)
+    finetuning: Finetuning = "full"
+    lora_rank: Annotated[int, Number, Field(ge=1, le=MAX_LORA_RANK)] = 16
+    # all-linear (every linear layer but the LM head), attention, or module names "q_proj,v_proj"
+    lora_targets: Text = "all-linear"
+    lora_dropout: Annotated[float, Number, Field(ge=0.0, lt=1.0)] = 0.05
 
     @property
     def world_size(self) -> int:
@@ -272,6 +284,7 @@ CHOICES = {
     "loss_kernel": LOSS_KERNELS,
     "weights_dtype": WEIGHTS_DTYPES,
     "interconnect": INTERCONNECTS,
+    "finetuning": FINETUNING,
 }
 # answers.yaml / answers_from_dict keys that name a field another way
 KEY_ALIASES = {"flavor": "flavour"}
@@ -310,6 +323,7 @@ def check_workload(a: Answers) -> None:
             "use a multiple of num_generations",
         )
     check_dataset(a)
+    check_lora_targets(a.lora_targets)
     if not a.model.strip():
         raise ZerofitError(
             "model",
