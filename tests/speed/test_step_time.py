@@ -44,21 +44,23 @@ def test_offload_is_slower_than_none_at_equal_micro_batch():
 
 
 def test_zero3_is_slower_than_zero2_on_a_slow_inter_node_link():
-    """Per micro step ZeRO-2 reduce-scatters the gradients once; ZeRO-3 also gathers every
-    parameter twice. One micro step: 3 buffers against 2 (reduce-scatter, then the all-gather
-    after the step); four: 12 against 5."""
+    """Per micro step ZeRO-2 all-reduces the gradients (DeepSpeed 0.19's default
+    ``use_multi_rank_bucket_allreduce``: two ring passes); ZeRO-3 reduce-scatters them and
+    gathers every parameter twice. One micro step: 3 buffers against 3 (the all-reduce, then
+    the all-gather after the step); four: 12 against 9. The real runs over a shaped network
+    (tests/speed/test_shaped_network.py) measure the same order."""
     single = estimate_step_time(TWO_NODES, MODEL, H100, inter_node_gbps=10)
     single3 = estimate_step_time(
         dataclasses.replace(TWO_NODES, stage=3), MODEL, H100, inter_node_gbps=10
     )
-    assert single3.exposed_comm_s / single.exposed_comm_s == pytest.approx(3 / 2, rel=0.02)
+    assert single3.exposed_comm_s / single.exposed_comm_s == pytest.approx(1, rel=0.02)
     accumulating = dataclasses.replace(TWO_NODES, grad_accum=4)
     zero2 = estimate_step_time(accumulating, MODEL, H100, inter_node_gbps=10)
     zero3 = estimate_step_time(
         dataclasses.replace(accumulating, stage=3), MODEL, H100, inter_node_gbps=10
     )
-    assert zero3.exposed_comm_s > 2 * zero2.exposed_comm_s
-    assert zero3.total_s > 2 * zero2.total_s
+    assert zero3.exposed_comm_s / zero2.exposed_comm_s == pytest.approx(12 / 9, rel=0.02)
+    assert zero3.total_s > 1.3 * zero2.total_s
 
 
 def test_zero3_is_near_zero2_inside_an_nvlink_node():

@@ -54,6 +54,11 @@ class DeviceProfile:
     # Collectives and offload copies carry the compute dtype's bytes (fp32: 4). False: 2 bytes
     # per element whatever the precision, as the GPU constants were fitted (every public row).
     wire_bytes_follow_precision: bool = False
+    # Seconds of the collective library's reduce-scatter and all-gather over a ring's at the
+    # link's all-reduce bandwidth: NCCL runs both as rings (1.0); gloo's are measured
+    # (``CpuMeasurements``): its reduce-scatter costs a whole all-reduce (2.0 on two ranks).
+    reduce_scatter_cost: float = 1.0
+    all_gather_cost: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -64,6 +69,8 @@ class CpuMeasurements:
     memory_gbps: float  # a large elementwise add: two streams read, one written
     cpu_adam_params_per_s: float  # DeepSpeedCPUAdam.step over a partition-sized tensor
     link_gbits: float  # between the nodes, from a timed gloo all-reduce
+    reduce_scatter_cost: float = 1.0  # a timed reduce-scatter over a ring's at ``link_gbits``
+    all_gather_cost: float = 1.0  # a timed all-gather over a ring's at ``link_gbits``
     intra_node_gbits: float = 0.0  # between ranks of one node (0: one rank per node)
 
 
@@ -75,7 +82,9 @@ def cpu_profile(measured: CpuMeasurements) -> DeviceProfile:
     - the device's memory and the host are the same DRAM: the optimizer step, the offload copies
       (DeepSpeed's "host" buffers are plain tensors on the same memory) and CPUAdam run at what
       was measured;
-    - the link is measured by a collective, so its efficiency is already in the number (1.0);
+    - the link is measured by a collective, so its efficiency is already in the number (1.0),
+      and gloo's reduce-scatter and all-gather, which do not run at the all-reduce's bandwidth,
+      are measured beside it (``reduce_scatter_cost``, ``all_gather_cost``);
     - ``overlaps_comm`` False: gloo runs a collective on the calling thread and the CPU
       accelerator's streams are no-ops (deepspeed/accelerator/cpu_accelerator.py ``Stream`` is a
       null context), so ``overlap_comm`` and ZeRO-3's prefetch do not hide communication behind
@@ -101,6 +110,8 @@ def cpu_profile(measured: CpuMeasurements) -> DeviceProfile:
         link_efficiency=1.0,
         overlaps_comm=False,
         wire_bytes_follow_precision=True,
+        reduce_scatter_cost=measured.reduce_scatter_cost,
+        all_gather_cost=measured.all_gather_cost,
     )
 
 
@@ -160,18 +171,40 @@ def measure_cpu_adam_params_per_s(params: int) -> float:
     return params / median_seconds(optimizer.step, 3)
 
 
-def measure_link_gbits(megabytes: float = 8.0, group=None) -> float:
-    """Gbit/s one rank sends in a timed gloo all-reduce of ``megabytes`` over ``group`` (the
-    default group: every rank). A ring all-reduce over n ranks sends 2 (n-1)/n of the buffer per
-    rank; the buffer is large enough that bandwidth, not latency, sets the time."""
+@dataclass(frozen=True)
+class LinkMeasurements:
+    """The link between the ranks, by a timed collective of each kind DeepSpeed issues."""
+
+    gbits: float  # per rank, from the all-reduce: a ring all-reduce sends 2 (n-1)/n of the buffer
+    reduce_scatter_cost: float  # reduce-scatter seconds over a ring's (n-1)/n at ``gbits``
+    all_gather_cost: float  # all-gather seconds over a ring's (n-1)/n at ``gbits``
+
+
+def measure_link(megabytes: float = 8.0, group=None) -> LinkMeasurements:
+    """Time an all-reduce, a reduce-scatter and an all-gather of ``megabytes`` (the whole
+    buffer) over ``group`` (None: every rank); large enough that bandwidth, not latency, sets
+    the time. The reduce-scatter and all-gather are the calls DeepSpeed makes on gloo
+    (deepspeed/comm/comm.py ``reduce_scatter_fn`` and ``allgather_fn``: the ``*_tensor`` forms)."""
     import torch
     import torch.distributed as dist
 
-    buffer = torch.ones(int(megabytes * 2**20 / 4))
-    seconds = median_seconds(lambda: dist.all_reduce(buffer, group=group), 3)
     ranks = dist.get_world_size(group)
-    sent = 2 * (ranks - 1) / ranks * buffer.numel() * 4
-    return sent * 8 / seconds / 1e9
+    whole = torch.ones(int(megabytes * 2**20 / 4 / ranks) * ranks)
+    shard = torch.empty(whole.numel() // ranks)
+    all_reduce_s = median_seconds(lambda: dist.all_reduce(whole, group=group), 3)
+    reduce_scatter_s = median_seconds(
+        lambda: dist.reduce_scatter_tensor(shard, whole, group=group), 3
+    )
+    all_gather_s = median_seconds(
+        lambda: dist.all_gather_into_tensor(whole, shard, group=group), 3
+    )
+    ring_s = all_reduce_s / 2  # one ring pass of the buffer at the all-reduce's bandwidth
+    sent = 2 * (ranks - 1) / ranks * whole.numel() * 4
+    return LinkMeasurements(
+        gbits=sent * 8 / all_reduce_s / 1e9,
+        reduce_scatter_cost=reduce_scatter_s / ring_s,
+        all_gather_cost=all_gather_s / ring_s,
+    )
 
 
 def measure_cpu_device(
@@ -179,9 +212,12 @@ def measure_cpu_device(
 ) -> CpuMeasurements:
     """Every rate of ``cpu_profile``, measured in this rank (torch.distributed initialized, the
     other ranks calling it at the same time so that they contend for the cores as in the run)."""
+    link = measure_link()
     return CpuMeasurements(
         matmul_tflops=measure_matmul_tflops(hidden, intermediate, vocab, tokens),
         memory_gbps=measure_memory_gbps(),
         cpu_adam_params_per_s=measure_cpu_adam_params_per_s(partition_params),
-        link_gbits=measure_link_gbits(),
+        link_gbits=link.gbits,
+        reduce_scatter_cost=link.reduce_scatter_cost,
+        all_gather_cost=link.all_gather_cost,
     )

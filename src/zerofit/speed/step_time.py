@@ -181,6 +181,9 @@ class Links:
     # bytes per element the collectives carry: 2 for the GPU model, the compute dtype's on a
     # device whose ``wire_bytes_follow_precision`` (an fp32 CPU run: 4)
     element_bytes: int = 2
+    # the library's reduce-scatter and all-gather over a ring's seconds (DeviceProfile)
+    reduce_scatter_cost: float = 1.0
+    all_gather_cost: float = 1.0
 
     def ring_gbps(self, setup: TrainSetup) -> float:
         """The slowest link bounds a ring: inside one node the GPUs' link; across nodes the
@@ -217,12 +220,14 @@ def communication_seconds(
       backward (torch/nn/parallel/distributed.py ``DistributedDataParallel`` buckets under
       ``no_sync`` until the accumulation boundary; DeepSpeed's engine likewise only at
       ``is_gradient_accumulation_boundary``: runtime/engine.py ``allreduce_gradients``).
-    - stage 1: gradients reduce-scattered at the boundary, the updated 16-bit partitions
-      all-gathered after the step (runtime/zero/stage_1_and_2.py
-      ``DeepSpeedZeroOptimizer.reduce_gradients`` then ``step`` -> runtime/utils.py
-      ``all_gather_dp_groups``).
-    - stage 2: the same, but gradients are reduce-scattered in every micro step's backward as
-      buckets fill (stage_1_and_2.py ``reduce_independent_p_g_buckets_and_remove_grads`` ->
+    - stage 1: gradients reduced at the boundary, the updated 16-bit partitions all-gathered
+      after the step (runtime/zero/stage_1_and_2.py ``DeepSpeedZeroOptimizer.reduce_gradients``
+      then ``step`` -> runtime/utils.py ``all_gather_dp_groups``). The reduction is a whole
+      all-reduce of each bucket, not a reduce-scatter: ``average_tensor`` sends every slice to
+      ``allreduce_and_scatter`` while ``use_multi_rank_bucket_allreduce`` (runtime/zero/config.py
+      ``DeepSpeedZeroConfig``, default True) holds, and each rank keeps its partition of the sum.
+    - stage 2: the same, but gradients are reduced in every micro step's backward as buckets
+      fill (stage_1_and_2.py ``reduce_independent_p_g_buckets_and_remove_grads`` ->
       ``average_tensor``), since a rank keeps only its partition.
     - stage 3: every micro step all-gathers the parameters in forward and again in backward
       (runtime/zero/partitioned_param_coordinator.py ``fetch_sub_module`` ->
@@ -239,15 +244,16 @@ def communication_seconds(
     grad_bytes = trainable * links.element_bytes
     param_bytes = model.params * links.element_bytes
     micro_steps = setup.grad_accum
-    reduce_scatter = ring_seconds(grad_bytes, ranks, bandwidth)
+    all_reduce = 2 * ring_seconds(grad_bytes, ranks, bandwidth)
     if setup.stage == 0:
-        return CommSeconds(0.0, 2 * reduce_scatter, 0.0)
-    gather_trainable = ring_seconds(grad_bytes, ranks, bandwidth)
+        return CommSeconds(0.0, all_reduce, 0.0)
+    gather_trainable = ring_seconds(grad_bytes, ranks, bandwidth) * links.all_gather_cost
     if setup.stage == 1:
-        return CommSeconds(0.0, reduce_scatter, gather_trainable)
+        return CommSeconds(0.0, all_reduce, gather_trainable)
     if setup.stage == 2:
-        return CommSeconds(0.0, micro_steps * reduce_scatter, gather_trainable)
-    gather = ring_seconds(param_bytes, ranks, bandwidth)
+        return CommSeconds(0.0, micro_steps * all_reduce, gather_trainable)
+    reduce_scatter = ring_seconds(grad_bytes, ranks, bandwidth) * links.reduce_scatter_cost
+    gather = ring_seconds(param_bytes, ranks, bandwidth) * links.all_gather_cost
     return CommSeconds(micro_steps * gather, micro_steps * (gather + reduce_scatter), 0.0)
 
 
@@ -426,6 +432,8 @@ def estimate_step_time(
         inter_node_gbps / 8,
         efficiency=device.link_efficiency,
         element_bytes=wire_element_bytes(setup, device),
+        reduce_scatter_cost=device.reduce_scatter_cost,
+        all_gather_cost=device.all_gather_cost,
     )
     comm = communication_seconds(setup, model, links, trainable)
     exposed_comm_s = exposed_communication_seconds(
