@@ -1,0 +1,207 @@
+"""LoRA and QLoRA in the recipes (`--finetuning lora|qlora`, recipes/lora.py), run for real.
+
+- ZeRO-3, 2 CPU processes, SFT LoRA with gradient checkpointing: checkpoints hold the adapters
+  only (DeepSpeed's exclude_frozen_parameters), a resumed run replays the lost step identically,
+  and the final adapter is gathered (non-empty, trained) and loads with peft.
+- ZeRO-2, 2 CPU processes, DPO LoRA: the reference is the policy with its adapters disabled and
+  its log-probs equal the base model's at every step; `--merge-adapter` saves a full model.
+- One CPU process, GRPO QLoRA (bitsandbytes NF4 on CPU) with a KL reference: trains, generates,
+  checkpoints the adapters only.
+Configs: `zerofit config` at fp32 (exact comparisons), global batch 8, micro-batch 2.
+
+Run: .venv/bin/python -m pytest tests/recipes/test_lora_run.py -q   (serial; 4 launches)
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+from recipe_runs import (
+    RECIPES,
+    RUN_LIMIT,
+    failure_text,
+    launch,
+    load_recipe,
+    one_line_error,
+    read_metrics,
+    reload_in_new_process,
+    save_tiny_model,
+)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> dict:
+    """A saved tiny model and fp32 ZeRO-2 / ZeRO-3 configs for 2 processes."""
+    from zerofit.cli.main import main
+
+    root = tmp_path_factory.mktemp("lora")
+    model = save_tiny_model(root / "model")
+    configs = {}
+    for stage in (2, 3):
+        out = root / f"zero{stage}"
+        flags = ["--model", str(model), "--gpu", "L4", "--gpus-per-node", "2"]
+        flags += ["--stage", str(stage), "--global-batch", "8", "--micro-batch", "2"]
+        flags += ["--seq-len", "16", "--precision", "fp32", "--flavour", "explicit"]
+        assert main(["config", *flags, "--out", str(out)]) == 0
+        configs[f"zero{stage}"] = out / "accelerate.yaml"
+    return {"root": root, "model": model, **configs}
+
+
+def lora_keys_only(keys) -> bool:
+    return bool(keys) and all(".lora_" in key for key in keys)
+
+
+@pytest.mark.distributed
+def test_zero3_sft_lora_adapter_checkpoints_resume_and_gathered_adapter(tiny, tmp_path):
+    import torch
+    from safetensors.torch import load_file
+
+    out = tmp_path / "run"
+    flags = ("--finetuning", "lora", "--model", str(tiny["model"]), "--max-steps", "3")
+    flags += ("--save-every", "2", "--gradient-checkpointing")
+    res = launch(tiny["zero3"], "sft", out, *flags)
+    assert res.returncode == 0, failure_text(res)
+    assert "ZeRO stage 3, lora r=16 on all-linear" in res.stdout + res.stderr
+    first = read_metrics(out)
+    assert [r["step"] for r in first] == [1, 2, 3]
+    # the checkpoint holds each rank's adapter partition and optimizer state, no base weights
+    states = out / "checkpoint-2" / "pytorch_model" / "zero_pp_rank_0_mp_rank_00_model_states.pt"
+    saved = torch.load(states, weights_only=False)
+    assert saved["frozen_param_fragments"] is None  # DeepSpeed's exclude_frozen_parameters
+    base = {key: t for key, t in saved["module"].items() if ".lora_" not in key}
+    assert all(t.numel() == 0 for t in base.values()), sorted(base)  # only the tied head's name
+
+    adapter = load_file(out / "final" / "adapter_model.safetensors")
+    assert len(adapter) == 2 * 7 * 2  # A and B on 7 linear layers x 2 blocks
+    assert adapter["base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"].shape == (
+        16,
+        64,
+    )  # gathered: a ZeRO-3 partition would be empty
+    assert all(t.abs().max() > 0 for k, t in adapter.items() if "lora_B" in k)  # trained
+
+    # resume from checkpoint-2 replays step 3 the same way
+    res = launch(tiny["zero3"], "sft", out, *flags, "--resume-from", str(out / "checkpoint-2"))
+    assert res.returncode == 0, failure_text(res)
+    replayed = read_metrics(out)
+    assert replayed[2]["loss"] == pytest.approx(first[2]["loss"], abs=1e-6)
+
+    check = (
+        "from transformers import AutoModelForCausalLM as M; import torch\n"
+        f"m = M.from_pretrained({str(out / 'final')!r})\n"
+        f"b = M.from_pretrained({str(tiny['model'])!r})\n"
+        "ids = torch.tensor([[5, 6, 7, 8]])\n"
+        "print('DIFF', (m(ids).logits - b(ids).logits).abs().max().item())"
+    )
+    shown = subprocess.run(
+        [sys.executable, "-c", check], capture_output=True, text=True, timeout=120
+    )
+    assert shown.returncode == 0, shown.stderr[-2000:]
+    assert float(shown.stdout.split("DIFF")[1]) > 1e-5  # the adapter loads on its base and acts
+
+
+def base_reference_logprobs(tiny, steps: int) -> list[tuple[float, float]]:
+    """Mean (chosen, rejected) log-probs of each step's pairs under the untouched base model,
+    with the recipe's own data order, tokenization and scoring."""
+    import torch
+
+    dpo = load_recipe("dpo")
+    import common  # recipes/common.py, on sys.path once a recipe is loaded
+
+    args = dpo.parse_args(["--model", str(tiny["model"]), "--output-dir", "unused"])
+    tok = common.load_tokenizer(args)
+    base = common.load_model(args, tok).eval()
+    pairs = [dpo.tokenize_pair(tok, row, args) for row in dpo.toy_rows()]
+    means = []
+    for step in range(1, steps + 1):
+        picked = []
+        for rank in range(2):  # micro-batch 2 x accumulation 2 pairs per rank
+            picked += common.rank_indices(step, len(pairs), 4, 2, rank, args.seed)
+        batch = dpo.collate_pairs([pairs[i] for i in picked], tok.pad_token_id, "cpu")
+        with torch.no_grad():
+            chosen, rejected = dpo.sequence_logprobs(base, batch).chunk(2)
+        means.append((float(chosen.mean()), float(rejected.mean())))
+    return means
+
+
+@pytest.mark.distributed
+def test_zero2_dpo_lora_reference_is_the_base_and_merged_save(tiny, tmp_path):
+    out = tmp_path / "run"
+    flags = ("--finetuning", "lora", "--model", str(tiny["model"]), "--max-steps", "3")
+    res = launch(tiny["zero2"], "dpo", out, *flags, "--save-every", "0", "--merge-adapter")
+    assert res.returncode == 0, failure_text(res)
+    output = res.stdout + res.stderr
+    assert "reference the base model (adapters disabled)" in output
+    assert "final model, adapter merged," in output
+    rows = read_metrics(out)
+    assert rows[0]["loss"] == pytest.approx(math.log(2), abs=1e-5)  # B starts at 0: policy = ref
+    assert rows[-1]["reward_margin"] != 0  # the adapters moved the policy away from the reference
+    for row, (chosen, rejected) in zip(rows, base_reference_logprobs(tiny, 3), strict=True):
+        assert row["ref_logp_chosen"] == pytest.approx(chosen, rel=1e-4), row["step"]
+        assert row["ref_logp_rejected"] == pytest.approx(rejected, rel=1e-4), row["step"]
+    assert not (out / "final" / "adapter_config.json").exists()
+    assert reload_in_new_process(out / "final", tiny["model"]) > 1e-5  # a full, changed model
+
+
+def test_qlora_grpo_single_process_on_cpu(tiny, tmp_path):
+    """bitsandbytes quantizes the saved tiny model to NF4 on load; GRPO samples with it, takes
+    the KL to the adapter-disabled base and checkpoints the adapters only."""
+    from safetensors import safe_open
+
+    out = tmp_path / "run"
+    cmd = [sys.executable, str(RECIPES / "grpo.py"), "--output-dir", str(out)]
+    cmd += ["--finetuning", "qlora", "--model", str(tiny["model"]), "--beta", "0.1"]
+    cmd += ["--max-steps", "2", "--save-every", "1", "--per-device-batch-size", "8"]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=RUN_LIMIT)
+    assert res.returncode == 0, failure_text(res)
+    assert "qlora r=16 on all-linear" in res.stdout + res.stderr
+    rows = read_metrics(out)
+    assert [r["step"] for r in rows] == [1, 2]
+    assert rows[0]["kl"] == 0 and rows[1]["kl"] > 0  # the reference is the base, the policy moved
+    with safe_open(out / "checkpoint-1" / "model.safetensors", "pt") as saved:
+        assert lora_keys_only(list(saved.keys()))
+    config = json.loads((out / "final" / "adapter_config.json").read_text())
+    assert config["r"] == 16 and config["base_model_name_or_path"] == str(tiny["model"])
+
+
+def test_merge_matches_peft(tmp_path):
+    """lora.merge_lora_weights (what --merge-adapter saves, from any ZeRO stage's gathered
+    state dict) gives the weights of peft's own merge_and_unload."""
+    import torch
+
+    load_recipe("sft")  # puts recipes/ on sys.path, as a recipe run does
+    import common
+    import lora
+    from peft import LoraConfig, get_peft_model
+
+    tok = common.build_tiny_tokenizer()
+    config = LoraConfig(r=4, lora_alpha=12, target_modules="all-linear", task_type="CAUSAL_LM")
+    model = get_peft_model(common.build_tiny_model(tok), config)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "lora_B" in name:
+                param.normal_()
+    merged = lora.merge_lora_weights(model.state_dict(), 12 / 4)
+    expected = model.merge_and_unload().state_dict()
+    assert set(merged) == set(expected)
+    for name, tensor in expected.items():
+        assert torch.allclose(merged[name], tensor, atol=1e-6), name
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        (["--lora-rank", "8"], "sft.py: lora_rank: is set but --finetuning is full"),
+        (["--finetuning", "dora"], "sft.py: finetuning: 'dora' is not one of full, lora, qlora"),
+        (["--finetuning", "lora", "--lora-dropout", "1"], "sft.py: lora_dropout: 1.0 is outside"),
+        (["--finetuning", "lora", "--lora-targets", "q_proj,"], "has an empty name"),
+        (["--finetuning", "qlora", "--merge-adapter"], "cannot merge into a 4-bit base"),
+    ],
+)
+def test_lora_flags_refused_in_one_line(capsys, tmp_path, flags, expected):
+    sft = load_recipe("sft")
+    line = one_line_error(capsys, lambda: sft.parse_args(["--output-dir", str(tmp_path), *flags]))
+    assert expected in line and "(fix: " in line
