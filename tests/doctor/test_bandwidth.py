@@ -3,7 +3,8 @@ arithmetic, the slowest pair and the facts file (pure); the timed transfer on lo
 one-line errors on a peer that is absent, silent or gone; and the real thing between two network
 namespaces joined by a veth pair shaped to 200 Mbit/s with tc (root only).
 
-Run: .venv/bin/python -m pytest tests/doctor/test_bandwidth.py -q   (~15 s; ~8 s without root)
+Run: .venv/bin/python -m pytest tests/doctor/test_bandwidth.py -q   (~26 s on a busy 2-core
+machine, 10 s of it the namespace test, which skips without root)
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import pytest
 
 from zerofit.cli.main import main
 from zerofit.cluster_facts import load_cluster_facts, write_cluster_facts
-from zerofit.doctor.allocation import build_cluster_facts, render_bandwidth
+from zerofit.doctor.allocation import build_cluster_facts, check_allocation, render_bandwidth
 from zerofit.doctor.bandwidth import (
     HELLO_BYTES,
     BandwidthError,
@@ -32,6 +33,7 @@ from zerofit.doctor.bandwidth import (
     rate_gbps,
     slowest_pair,
 )
+from zerofit.doctor.checks import VERSION_KEYS, fingerprint
 
 LAUNCH_TESTS = Path(__file__).resolve().parents[1] / "launch"
 SHAPED_MBIT = 200
@@ -158,12 +160,65 @@ def test_peer_that_dies_mid_transfer_is_a_one_line_error() -> None:
     assert "127.0.0.1" in str(error.value) and "\n" not in str(error.value)
 
 
+# --- the ring ------------------------------------------------------------------------------------
+def node_facts(rank: int, port: int) -> dict:
+    """A node's facts as gather_facts returns them, for "nodes" that are threads on loopback."""
+    versions = dict.fromkeys(VERSION_KEYS, "1.0")
+    return {
+        "host": f"node-{rank}",
+        "versions": versions,
+        "fingerprint": fingerprint(versions),
+        "gpus": {"count": 0, "names": []},
+        "config": None,
+        "main_addr": "127.0.0.1",
+        "main_port": port,
+        "node_rank": rank,
+        "interfaces": [],
+        "infiniband": [],
+        "nccl_socket_ifname": None,
+        "nccl_ib_disable": None,
+        "resolved": ["127.0.0.1"],
+        "resolve_error": None,
+        "route_source": "127.0.0.1",
+        "is_main": rank == 0,
+        "port_problem": None,
+        "disk": None,
+        "owns_main_addr": True,
+    }
+
+
+def test_three_nodes_measure_a_ring_of_three_pairs(tmp_path: Path) -> None:
+    """Three nodes (threads): rank 0 -> 1, 1 -> 2, 2 -> 0, each over its own receiver, gathered by
+    node 0 through the shared folder; the facts name the slowest of the three."""
+    port, results = find_port(), {}
+
+    def node(rank: int) -> None:
+        results[rank] = check_allocation(
+            node_facts(rank, port), str(tmp_path), 3, "tok", 20, bandwidth_seconds=0.3
+        )
+
+    threads = [threading.Thread(target=node, args=(rank,), daemon=True) for rank in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert sorted(results) == [0, 1, 2], "a node did not finish within 60 s"
+    pairs = results[0].pairs
+    assert [(p["from_rank"], p["to_rank"]) for p in pairs] == [(0, 1), (1, 2), (2, 0)]
+    assert all(p["error"] is None and p["gbps"] > 0 for p in pairs), pairs
+    assert "(rank 1): ok; sent" in results[1].text and results[1].pairs == []
+    facts = build_cluster_facts(pairs, results[0].hosts, 0.3)
+    assert facts.inter_node_gbps == round(min(p["gbps"] for p in pairs), 4)
+    assert [n["host"] for n in facts.nodes] == ["node-0", "node-1", "node-2"]
+
+
 # --- the CLI --------------------------------------------------------------------------------------
 def test_flags_are_refused_in_one_line(tmp_path: Path, capsys) -> None:
     existing = tmp_path / "cluster.json"
     existing.write_text("{}")
     refused = [
         (["doctor", "--measure-bandwidth"], "measure-bandwidth: "),
+        (["doctor", "--serve", "29500", "--measure-bandwidth"], "measure-bandwidth: "),
         (
             ["doctor", "--allocation", str(tmp_path), "--facts-out", str(existing)],
             "facts-out: ",
@@ -241,12 +296,26 @@ def run_two_nodes(
     return subprocess.CompletedProcess(node0.args, node0.returncode, out0, err0), node1
 
 
-def test_allocation_on_loopback_writes_facts_that_read_back(tmp_path: Path) -> None:
+def test_allocation_on_loopback_writes_facts_that_read_back(tmp_path: Path, capsys) -> None:
+    """The CLI as node 0 and node 1 (two threads of this process: no second torch import)."""
     facts_out = tmp_path / "cluster.json"
-    node0, node1 = run_two_nodes(tmp_path / "rep", "127.0.0.1", facts_out, seconds=0.5)
-    assert node0.returncode == 0 and node1.returncode == 0, node0.stderr + node1.stderr
-    assert "slowest: rank" in node0.stdout and f"wrote {facts_out}" in node0.stdout
-    assert "(rank 1): ok; sent" in node1.stdout
+    argv = ["doctor", "--allocation", str(tmp_path / "rep"), "--main-addr", "127.0.0.1"]
+    argv += ["--main-port", str(find_port()), "--nodes", "2", "--timeout", "20"]
+    argv += ["--measure-bandwidth", "--bandwidth-seconds", "0.3", "--facts-out", str(facts_out)]
+    codes = {}
+
+    def node(rank: int) -> None:
+        codes[rank] = main(argv + ["--node-rank", str(rank)])
+
+    threads = [threading.Thread(target=node, args=(rank,), daemon=True) for rank in (0, 1)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    out, err = capsys.readouterr()
+    assert codes == {0: 0, 1: 0}, err
+    assert "slowest: rank" in out and f"wrote {facts_out}" in out
+    assert "(rank 1): ok; sent" in out
     facts = load_cluster_facts(facts_out)
     measured = [p["gbps"] for p in facts.measured["pairs"]]
     assert len(measured) == 2 and facts.inter_node_gbps == min(measured) > 0

@@ -222,15 +222,20 @@ def check_allocation(
             text += render_bandwidth(pairs, bandwidth_seconds or 0.0)
         text += "all nodes passed\n" if ok else "FAILED\n"
         return AllocationResult(ok, text, pairs, hosts)
+    return AllocationResult(ok, render_node_line(facts, checks, pair), [], hosts)
+
+
+def render_node_line(facts: dict, checks: list[Check], pair: dict | None) -> str:
+    """A node other than 0: one line, ``ok`` or its failures, and the rate it sent at."""
     mine = [f"{c.name}: {c.detail}" for c in checks if c.status == "fail"]
     if pair and pair["error"]:
         mine.append(f"bandwidth to rank {pair['to_rank']}: {pair['error']}")
-    text = f"zerofit doctor --allocation: {facts['host']} (rank {rank}): " + (
+    text = f"zerofit doctor --allocation: {facts['host']} (rank {facts['node_rank']}): " + (
         "; ".join(mine) if mine else "ok"
     )
     if pair and not pair["error"]:
         text += f"; sent {pair['gbps']:.3g} Gbit/s to rank {pair['to_rank']}"
-    return AllocationResult(ok, text + "\n", [], hosts)
+    return text + "\n"
 
 
 # --- bandwidth around the ring --------------------------------------------------------------------

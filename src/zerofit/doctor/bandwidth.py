@@ -108,7 +108,8 @@ class BandwidthServer:
         self._expected = 1
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self._sock = socket.socket(family, socket.SOCK_STREAM)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             self._sock.bind((host, port))

@@ -279,6 +279,7 @@ def _write_facts(args, result) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    _check_bandwidth_flags(args)
     if args.serve is not None or args.connect:
         return _net(args)
     from zerofit.doctor.checks import (
@@ -295,7 +296,6 @@ def run(args: argparse.Namespace) -> int:
         raise ZerofitError(
             "main_port", f"{args.main_port} is out of range", "use a port in 1-65535"
         )
-    _check_bandwidth_flags(args)
     if args.allocation:
         _fill_from_slurm(args)
     facts = gather_facts(
