@@ -175,12 +175,17 @@ class BandwidthServer:
             if head != HELLO or len(parts) != 3 or not parts[2].isdigit():
                 return  # not a zerofit sender: say nothing
             token, session_id, streams = parts[0], parts[1], int(parts[2])
-            if token != self.token or not 1 <= streams <= 64:
-                conn.sendall(b"BAD-TOKEN\n")
+            try:
+                if token != self.token or not 1 <= streams <= 64:
+                    conn.sendall(b"BAD-TOKEN\n")
+                    return
+                with self._lock:
+                    session = self._sessions.setdefault(
+                        session_id, _Session(streams, self.timeout)
+                    )
+                conn.sendall(b"OK\n")
+            except OSError:  # the sender left already
                 return
-            with self._lock:
-                session = self._sessions.setdefault(session_id, _Session(streams, self.timeout))
-            conn.sendall(b"OK\n")
             nbytes, first, last, error = _receive_until_eof(conn)
             session.add(nbytes, first, last)
             try:
