@@ -23,7 +23,12 @@ import pytest
 
 from zerofit.cli.main import main
 from zerofit.cluster_facts import load_cluster_facts, write_cluster_facts
-from zerofit.doctor.allocation import build_cluster_facts, check_allocation, render_bandwidth
+from zerofit.doctor.allocation import (
+    build_cluster_facts,
+    check_allocation,
+    render_bandwidth,
+    wait_for_bandwidth,
+)
 from zerofit.doctor.bandwidth import (
     HELLO_BYTES,
     BandwidthError,
@@ -210,6 +215,21 @@ def test_three_nodes_measure_a_ring_of_three_pairs(tmp_path: Path) -> None:
     facts = build_cluster_facts(pairs, results[0].hosts, 0.3)
     assert facts.inter_node_gbps == round(min(p["gbps"] for p in pairs), 4)
     assert [n["host"] for n in facts.nodes] == ["node-0", "node-1", "node-2"]
+
+
+def test_a_previous_runs_result_is_not_taken_for_this_one(tmp_path: Path) -> None:
+    """bandwidth-RANK.json counts only beside the receiver this run's report published."""
+    now = {"addr": "10.0.0.1", "port": 40001}
+    reports = {0: {"host": "node-0", "bandwidth_endpoint": now}}
+    stale = {"endpoint": {"addr": "10.0.0.1", "port": 39999}, "pair": pair(0, 1, 94.0)}
+    (tmp_path / "bandwidth-0.json").write_text(json.dumps(stale))
+    started = time.monotonic()
+    found = wait_for_bandwidth(tmp_path, reports, 2, timeout=0.5)
+    assert time.monotonic() - started < 3
+    assert [p["error"] for p in found] == ["sent no result in 0.5 s", "sent no report"]
+    fresh = {"endpoint": now, "pair": pair(0, 1, 0.19)}
+    (tmp_path / "bandwidth-0.json").write_text(json.dumps(fresh))
+    assert wait_for_bandwidth(tmp_path, reports, 2, timeout=0.5)[0]["gbps"] == 0.19
 
 
 # --- the CLI --------------------------------------------------------------------------------------
