@@ -31,6 +31,13 @@ def register(sub) -> None:
         "(deepspeed.initialize / the deepspeed launcher: no \"auto\" at all)",
     )
     p.add_argument("--trainer", action="store_true", help="same as --client trainer")
+    p.add_argument(
+        "--training",
+        metavar="YAML_OR_COMMAND",
+        help="how the model is trained: a TRL / LLaMA-Factory YAML, or the training command in "
+        "quotes ('accelerate launch ... train.py --load_in_4bit ...'); adds the LoRA / QLoRA / "
+        "pre-quantized model rules under ZeRO-3, and reads the DeepSpeed JSON it names",
+    )
     p.add_argument("--strict", action="store_true", help="warnings count as errors (exit 1)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=run)
@@ -59,9 +66,21 @@ def run(args) -> int:
         gpu_bf16 = lookup(args.gpu).bf16
     client = args.client or ("trainer" if args.trainer else None)
     texts = {path: _read(path) for path in args.files}
+    training = None
+    if args.training:
+        from zerofit.configs.check.training import read_training
+
+        training = read_training(args.training, _read)
+        named = training.deepspeed
+        if named and Path(named).is_file() and named not in texts:
+            texts[named] = _read(named)
     texts.update(_referenced(texts))
     problems = check_files(
-        texts, gpu_bf16=gpu_bf16, client=client, exists=lambda p: Path(p).is_file()
+        texts,
+        gpu_bf16=gpu_bf16,
+        client=client,
+        exists=lambda p: Path(p).is_file(),
+        training=training,
     )
     judge = engine()
     errors = [p for p in problems if p.severity != "warning" or args.strict]

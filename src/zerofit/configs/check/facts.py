@@ -127,3 +127,31 @@ NESTED_LAUNCH_SECTIONS = {
 }
 # Legacy top-level keys ClusterConfig.process_config converts before building the config.
 ACCELERATE_LEGACY_KEYS = frozenset({"fp16", "dynamo_backend"})
+
+# The training setup next to the configs (check/training.py): how each stack names its loading.
+# LLaMA-Factory's own keys (hparams/model_args.py, finetuning_args.py); it sets
+# bnb_4bit_quant_storage to the compute dtype itself for 4-bit (model_utils/quantization.py,
+# configure_quantization: "crucial for fsdp+qlora").
+LLAMAFACTORY_KEYS = frozenset({"quantization_bit", "finetuning_type", "lora_target", "stage"})
+# TRL's ModelConfig fields (trl/trainer/model_config.py), read by get_quantization_config and
+# get_peft_config (trl/trainer/utils.py): bnb_4bit_compute_dtype is ModelConfig.dtype there.
+TRL_KEYS = frozenset(
+    {"use_peft", "load_in_4bit", "load_in_8bit", "bnb_4bit_quant_storage", "use_bnb_nested_quant"}
+)
+# zerofit's recipes: --finetuning qlora sets the quant storage, and ZeRO-3 gathering on save.
+RECIPE_SCRIPTS = frozenset({"sft.py", "dpo.py", "grpo.py"})
+# Pre-quantized checkpoints ZeRO-3 can partition: bitsandbytes 4-bit, with a float quant storage
+# (any other quant_method, GPTQ, AWQ, ..., is refused by LLaMA-Factory under ZeRO-3).
+PARTITIONABLE_QUANT_METHODS = frozenset({"bitsandbytes"})
+# Spellings of a dtype in YAMLs and flags -> torch's name.
+DTYPE_NAMES = {
+    "bf16": "bfloat16",
+    "bfloat16": "bfloat16",
+    "fp16": "float16",
+    "half": "float16",
+    "float16": "float16",
+    "fp32": "float32",
+    "float": "float32",
+    "float32": "float32",
+    "uint8": "uint8",
+}

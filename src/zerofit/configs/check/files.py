@@ -13,6 +13,7 @@ from typing import Any, Callable
 from zerofit.configs.check.accelerate_file import check_accelerate
 from zerofit.configs.check.deepspeed_file import check_deepspeed
 from zerofit.configs.check.problems import Problem, is_int, not_a_mapping
+from zerofit.configs.check.training import check_training, read_model_config
 
 
 def is_yaml(name: str) -> bool:
@@ -25,6 +26,7 @@ def check_files(
     trainer: bool = False,
     exists: Callable[[str], bool] | None = None,
     client: str | None = None,
+    training=None,
 ) -> list[Problem]:
     """Check every file in ``texts`` ({name: text}) and the pairs an accelerate YAML references.
 
@@ -38,6 +40,9 @@ def check_files(
         client: who runs the files: "trainer" (HF Trainer / TRL), "accelerate" (your own loop
             under accelerate launch), "deepspeed" (deepspeed.initialize / the deepspeed launcher),
             or None.
+        training: how the model is trained (``training.TrainingSetup``, from a TRL /
+            LLaMA-Factory YAML or a command line), judged against every ZeRO-3 config; None
+            skips those rules.
     """
     client = "trainer" if trainer and client is None else client
     problems: list[Problem] = []
@@ -66,6 +71,8 @@ def check_files(
         problems += check_deepspeed(
             cfg, name, world=paired.get(name), gpu_bf16=gpu_bf16, client=client
         )
+    if training is not None:
+        problems += check_training(training, deepspeed, client, read_model_config)
     return problems
 
 
