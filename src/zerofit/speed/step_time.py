@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 from zerofit.hardware import GpuSpec
 from zerofit.memory.estimate import DTYPE_BYTES, TrainSetup
+from zerofit.memory.param_layout import zero3_kept_gathered_elements
 from zerofit.models.resolve import ModelSpec
 from zerofit.speed.device import DeviceProfile, EfficiencyCurve
 from zerofit.speed.flops import estimate_step_flops
@@ -230,6 +231,7 @@ def communication_seconds(
       fill (stage_1_and_2.py ``reduce_independent_p_g_buckets_and_remove_grads`` ->
       ``average_tensor``), since a rank keeps only its partition.
     - stage 3: every micro step all-gathers the parameters in forward and again in backward
+      those forward released (``stage3_backward_gather_elements``)
       (runtime/zero/partitioned_param_coordinator.py ``fetch_sub_module`` ->
       partition_parameters.py ``Init``'s ``all_gather_coalesced``) and reduce-scatters the
       gradients (stage3.py ``DeepSpeedZeroOptimizer_Stage3.__reduce_and_partition_ipg_grads`` ->
@@ -254,7 +256,20 @@ def communication_seconds(
         return CommSeconds(0.0, micro_steps * all_reduce, gather_trainable)
     reduce_scatter = ring_seconds(grad_bytes, ranks, bandwidth) * links.reduce_scatter_cost
     gather = ring_seconds(param_bytes, ranks, bandwidth) * links.all_gather_cost
-    return CommSeconds(micro_steps * gather, micro_steps * (gather + reduce_scatter), 0.0)
+    regather_bytes = stage3_backward_gather_elements(setup, model) * links.element_bytes
+    regather = ring_seconds(regather_bytes, ranks, bandwidth) * links.all_gather_cost
+    return CommSeconds(micro_steps * gather, micro_steps * (regather + reduce_scatter), 0.0)
+
+
+def stage3_backward_gather_elements(setup: TrainSetup, model: ModelSpec) -> int:
+    """Parameters ZeRO-3 gathers again in backward: all but those forward kept gathered because
+    they come back within ``stage3_max_reuse_distance`` of the recorded fetch order
+    (partitioned_param_coordinator.py ``__params_to_release``, counted by
+    memory/param_layout.py ``zero3_kept_gathered_elements``). With DeepSpeed's default distance
+    (1e9 elements) a model under ~0.5B parameters is gathered once per micro step, not twice."""
+    reuse = int(setup.bucket_sizes(model.hidden_size).get("stage3_max_reuse_distance", 10**9))
+    kept = zero3_kept_gathered_elements(model, reuse, setup.gradient_checkpointing)
+    return max(0, model.params - kept)
 
 
 # qwZ's bytes per gathered element: int8 weights and one fp32 scale per group of at most 8,000
