@@ -44,12 +44,16 @@ from zerofit.speed.flops import estimate_step_flops
 # step_time.py LINK_EFFICIENCY, and STREAM's ~0.9 of HBM). Not fitted.
 DECODE_HBM_EFFICIENCY = 0.85
 
-# transformers' eager generate: Python and kernel launches per decoder layer and decode step,
-# 0.5 ms. Fitted on one public row, so in-sample there: uncompiled transformers Llama-2-13B (40
-# layers) at batch 1 takes 35.71 ms per token on an A100-80GB (foundation-model-stack PR 69,
-# scripts/hf_example.py), of which the 26 GB of fp16 weights at DECODE_HBM_EFFICIENCY of
-# 2,039 GB/s are 15 ms; the other ~21 ms over 40 layers: 0.5 ms each.
-HF_DECODE_S_PER_LAYER = 0.0005
+# transformers' eager generate, per decode step beyond the reads: 11.5 ms for the loop itself
+# (logits processors and sampling over the vocabulary, stopping criteria, the dynamic cache's
+# bookkeeping) and 0.3 ms per decoder layer (its kernels launched from Python). Fitted by least
+# squares on 8 rows measured on the project's lent H100 (tests/data/hf_generate_decode_h100.jsonl,
+# benchmarks/hf_generate_decode.py: transformers 5.17 with TRL GRPO's sampling kwargs, 24-48
+# layers, batch 1 and 32; median |error| 8 %). Out of sample: uncompiled transformers
+# Llama-2-13B (40 layers) at batch 1 on an A100-80GB takes 35.71 ms per token
+# (foundation-model-stack PR 69, scripts/hf_example.py); predicted 38.5 ms (+8 %).
+HF_DECODE_STEP_S = 0.0115
+HF_DECODE_S_PER_LAYER = 0.0003
 
 # vLLM per decode step: it replays one CUDA graph, so no per-layer launch cost, but its
 # scheduler, sampler and the detokenizer-free output path run on the CPU every step, ~3 ms
@@ -176,7 +180,7 @@ def estimate_generation_time(
         # written into vLLM's copy
         weights_s = gather_s + 2 * gathered / (gpu.hbm_gbps * 1e9 * DECODE_HBM_EFFICIENCY)
     else:
-        step_s += model.num_layers * HF_DECODE_S_PER_LAYER
+        step_s += HF_DECODE_STEP_S + model.num_layers * HF_DECODE_S_PER_LAYER
         weights_s = rounds * gather_s if gather_for_generation else 0.0
         if not gather_for_generation and sharded:
             # every forward gathers each module and runs its hooks (partitioned_param_coordinator)

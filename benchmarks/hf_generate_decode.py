@@ -1,0 +1,108 @@
+"""transformers' eager generate with TRL GRPO's sampling kwargs: per-token decode time.
+
+Random-init models of four depths (24-48 layers) in bf16 on one GPU, batch 1 and 32, prompt 256,
+64 new tokens, three repeats (the first is the cold call and is left out of the mean). One JSON
+line per model and batch, also written to $OUT/hf_generate_decode.jsonl. The rows in
+tests/data/hf_generate_decode_h100.jsonl came from this script on one H100 (torch 2.11,
+transformers 5.17); speed/generation.py's HF_DECODE_STEP_S and HF_DECODE_S_PER_LAYER are fitted
+on them.
+
+    python3 benchmarks/hf_generate_decode.py      # needs a CUDA GPU, ~90 s on an H100
+"""
+import json
+import os
+import time
+
+import torch
+from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
+
+SHAPES = {  # the configs' shapes (Qwen2.5 and Llama-3.1 config.json), random weights
+    "qwen2.5-0.5b": Qwen2Config(
+        hidden_size=896,
+        intermediate_size=4864,
+        num_hidden_layers=24,
+        num_attention_heads=14,
+        num_key_value_heads=2,
+        vocab_size=151936,
+        tie_word_embeddings=True,
+    ),
+    "qwen2.5-7b": Qwen2Config(
+        hidden_size=3584,
+        intermediate_size=18944,
+        num_hidden_layers=28,
+        num_attention_heads=28,
+        num_key_value_heads=4,
+        vocab_size=152064,
+    ),
+    "llama-3.1-8b": LlamaConfig(
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        vocab_size=128256,
+    ),
+    "qwen2.5-14b": Qwen2Config(
+        hidden_size=5120,
+        intermediate_size=13824,
+        num_hidden_layers=48,
+        num_attention_heads=40,
+        num_key_value_heads=8,
+        vocab_size=152064,
+    ),
+}
+PROMPT, NEW = 256, 64
+# TRL 1.16 GRPOTrainer's generation kwargs at GRPOConfig's defaults (no min_new_tokens)
+TRL = dict(do_sample=True, top_k=0, top_p=1.0, temperature=1.0, repetition_penalty=1.0)
+
+
+def timed(fn) -> float:
+    """Wall seconds of ``fn()`` with the GPU drained before and after."""
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    fn()
+    torch.cuda.synchronize()
+    return time.perf_counter() - start
+
+
+def generate(model, ids, new: int) -> None:
+    with torch.no_grad():
+        model.generate(ids, max_new_tokens=new, pad_token_id=0, eos_token_id=None, **TRL)
+
+
+def measure(model, batch: int) -> list[float]:
+    """Per-token milliseconds of three full generations, the prefill's token taken out."""
+    ids = torch.randint(0, 30000, (batch, PROMPT), device="cuda")
+    generate(model, ids, 4)
+    repeats = []
+    for _ in range(3):
+        full = timed(lambda: generate(model, ids, NEW))
+        first = timed(lambda: generate(model, ids, 1))
+        repeats.append(1000 * (full - first) / (NEW - 1))
+    return repeats
+
+
+def main() -> None:
+    out = open(os.path.join(os.environ.get("OUT", "."), "hf_generate_decode.jsonl"), "w")
+    for name, config in SHAPES.items():
+        with torch.device("cuda"):
+            model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).eval()
+        for batch in (1, 32):
+            repeats = measure(model, batch)
+            row = {
+                "model": name,
+                "layers": config.num_hidden_layers,
+                "batch": batch,
+                "prompt": PROMPT,
+                "new": NEW,
+                "per_token_ms": sum(repeats[1:]) / len(repeats[1:]),
+                "repeats_ms": repeats,
+            }
+            print(json.dumps(row), flush=True)
+            out.write(json.dumps(row) + "\n")
+        del model
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
