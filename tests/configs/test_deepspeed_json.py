@@ -274,3 +274,23 @@ def test_check_warns_where_zero_plus_cannot_work():
     ]
     assert findings({"stage": 3, "zero_hpz_partition_size": 8}, 16) == []
     assert ("mics_shard_size", "error") in findings({"stage": 3, "mics_shard_size": 8}, 16)
+
+
+def test_zerofit_config_across_slow_nodes_writes_zero_plus_that_check_accepts(tmp_path, capsys):
+    """The CLI end to end: on 2 nodes of 8 H100s joined by 100 Gbit/s, `zerofit config` plans
+    ZeRO-3 with hpZ/qwZ/qgZ (backward's gathers stay in the node, the rest is quantized), writes
+    its keys, and `zerofit check --client trainer` finds nothing."""
+    import json
+
+    from zerofit.cli.main import main
+
+    argv = ["config", "--model", "qwen2.5-7b", "--gpu", "H100-SXM", "--gpus-per-node", "8"]
+    argv += ["--num-nodes", "2", "--inter-node-gbps", "100", "--main-process-ip", "10.0.0.1"]
+    assert main(argv + ["--out", str(tmp_path)]) == 0
+    zero = json.loads((tmp_path / "ds_config.json").read_text())["zero_optimization"]
+    assert (zero["stage"], zero["zero_hpz_partition_size"]) == (3, 8)
+    assert zero["zero_quantized_weights"] and zero["zero_quantized_gradients"]
+    files = [str(tmp_path / "ds_config.json"), str(tmp_path / "accelerate.yaml")]
+    capsys.readouterr()
+    assert main(["check", "--client", "trainer", *files]) == 0
+    assert "no problems" in capsys.readouterr().out
