@@ -26,6 +26,7 @@ from zerofit.cluster_facts import load_cluster_facts, write_cluster_facts
 from zerofit.doctor.allocation import (
     build_cluster_facts,
     check_allocation,
+    launch_address,
     render_bandwidth,
     wait_for_bandwidth,
 )
@@ -33,6 +34,7 @@ from zerofit.doctor.bandwidth import (
     HELLO_BYTES,
     BandwidthError,
     BandwidthServer,
+    Limits,
     Transfer,
     measure_to,
     rate_gbps,
@@ -100,7 +102,7 @@ def test_table_names_each_pair_and_the_slowest() -> None:
 def test_transfer_on_loopback_is_timed_by_the_receiver() -> None:
     server = BandwidthServer("127.0.0.1", "tok").start(1)
     started = time.monotonic()
-    transfer = measure_to("127.0.0.1", server.port, "tok", seconds=0.3, streams=2, timeout=5)
+    transfer = measure_to("127.0.0.1", server.port, "tok", Limits(0.3, streams=2, timeout=5))
     assert time.monotonic() - started < 5
     received = server.wait(5)
     assert len(received) == 1 and received[0]["error"] is None
@@ -110,9 +112,8 @@ def test_transfer_on_loopback_is_timed_by_the_receiver() -> None:
 
 def test_byte_budget_ends_the_transfer_before_the_time() -> None:
     server = BandwidthServer("127.0.0.1", "tok").start(1)
-    transfer = measure_to(
-        "127.0.0.1", server.port, "tok", seconds=30, streams=2, timeout=5, max_bytes=8 << 20
-    )
+    limits = Limits(seconds=30, max_bytes=8 << 20, streams=2, timeout=5)
+    transfer = measure_to("127.0.0.1", server.port, "tok", limits)
     server.wait(5)
     assert transfer.nbytes == 8 << 20 and transfer.seconds < 5
 
@@ -120,10 +121,10 @@ def test_byte_budget_ends_the_transfer_before_the_time() -> None:
 def test_wrong_token_and_nobody_listening_are_one_line_errors() -> None:
     server = BandwidthServer("127.0.0.1", "right").start(1)
     with pytest.raises(BandwidthError, match="different --token") as wrong:
-        measure_to("127.0.0.1", server.port, "wrong", seconds=0.2, timeout=5)
+        measure_to("127.0.0.1", server.port, "wrong", Limits(0.2, timeout=5))
     server.close()
     with pytest.raises(BandwidthError, match="nothing listens on 127.0.0.1") as nobody:
-        measure_to("127.0.0.1", server.port, "right", seconds=0.2, timeout=5)
+        measure_to("127.0.0.1", server.port, "right", Limits(0.2, timeout=5))
     for error in (wrong, nobody):
         assert "\n" not in str(error.value) and "(fix: " in str(error.value)
 
@@ -135,7 +136,7 @@ def test_silent_peer_ends_within_the_timeout() -> None:
         silent.listen(16)
         started = time.monotonic()
         with pytest.raises(BandwidthError, match="never answered") as error:
-            measure_to("127.0.0.1", silent.getsockname()[1], "tok", seconds=0.2, timeout=1)
+            measure_to("127.0.0.1", silent.getsockname()[1], "tok", Limits(0.2, timeout=1))
         assert time.monotonic() - started < 4
     assert "\n" not in str(error.value)
 
@@ -159,7 +160,7 @@ def test_peer_that_dies_mid_transfer_is_a_one_line_error() -> None:
         peer.start()
         started = time.monotonic()
         with pytest.raises(BandwidthError) as error:
-            measure_to("127.0.0.1", dying.getsockname()[1], "tok", seconds=1.0, timeout=2)
+            measure_to("127.0.0.1", dying.getsockname()[1], "tok", Limits(1.0, timeout=2))
         peer.join(5)
     assert time.monotonic() - started < 8
     assert "127.0.0.1" in str(error.value) and "\n" not in str(error.value)
@@ -190,6 +191,16 @@ def node_facts(rank: int, port: int) -> dict:
         "disk": None,
         "owns_main_addr": True,
     }
+
+
+def test_the_launch_address_follows_nccl_socket_ifname_else_the_route() -> None:
+    eth = {"name": "eth0", "addresses": ["10.0.0.5"], "state": "up", "loopback": False}
+    ib = {"name": "ib0", "addresses": ["192.168.0.5"], "state": "up", "loopback": False}
+    base = {**node_facts(1, 29500), "interfaces": [eth, ib], "route_source": "10.0.0.5"}
+    assert launch_address(base) == ("10.0.0.5", "eth0")
+    assert launch_address({**base, "nccl_socket_ifname": "ib"}) == ("192.168.0.5", "ib0")
+    assert launch_address({**base, "nccl_socket_ifname": "=ib"}) == ("10.0.0.5", "eth0")
+    assert launch_address({**base, "nccl_socket_ifname": "^ib"}) == ("10.0.0.5", "eth0")
 
 
 def test_three_nodes_measure_a_ring_of_three_pairs(tmp_path: Path) -> None:
@@ -382,6 +393,7 @@ def test_shaped_link_between_namespaces_measures_its_rate(tmp_path: Path) -> Non
     there, back = facts.measured["pairs"]
     assert (there["from_addr"], there["to_addr"]) == hosts.addrs  # the launch's network
     assert (back["from_addr"], back["to_addr"]) == hosts.addrs[::-1]
+    assert there["from_interface"] == back["from_interface"] == cluster.IFACE
     for measured in (there, back):
         assert measured["gbps"] == pytest.approx(SHAPED_MBIT / 1000, rel=0.15)
     assert facts.inter_node_gbps == min(there["gbps"], back["gbps"])

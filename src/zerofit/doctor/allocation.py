@@ -6,9 +6,10 @@ the handshake with it), writes its report to DIR (shared storage, as a job's wor
 is), waits for every other node's report and compares them. Every node reaches the same verdict;
 node 0 prints the table. Every wait is bounded by the timeout.
 
-With ``--measure-bandwidth`` the nodes then time a TCP transfer around a ring, all at once: node
-i streams to node i+1 (the last to node 0) while receiving from node i-1, over the address that
-routes to the main node (``doctor.bandwidth``). A ring, because it is what NCCL's ring
+With ``--measure-bandwidth`` the nodes then time a TCP transfer around a ring, all at once:
+node i streams to node i+1 (the last to node 0) while receiving from node i-1, between the
+addresses the job's traffic uses (``launch_address``: NCCL_SOCKET_IFNAME's interface, else the
+route to the main node), with ``doctor.bandwidth``. A ring, because it is what NCCL's ring
 collectives do (every NIC sends and receives at the same time) and its slowest pair is what
 every step of one waits on; all pairs at once, so the measurement takes one transfer's time on
 any node count and sees a switch that cannot carry every node at full rate. Each node writes
@@ -30,10 +31,17 @@ from zerofit.doctor.bandwidth import (
     STREAMS,
     BandwidthError,
     BandwidthServer,
+    Limits,
     measure_to,
     slowest_pair,
 )
-from zerofit.doctor.checks import Check, build_report, check_compare, run_checks
+from zerofit.doctor.checks import (
+    Check,
+    build_report,
+    check_compare,
+    route_interface,
+    run_checks,
+)
 from zerofit.doctor.net import connect_until, serve
 
 IO_TIMEOUT = 10.0  # s: the most one socket call of the bandwidth transfer waits on a silent peer
@@ -239,11 +247,27 @@ def render_node_line(facts: dict, checks: list[Check], pair: dict | None) -> str
 
 
 # --- bandwidth around the ring --------------------------------------------------------------------
+def launch_address(facts: dict) -> tuple[str | None, str | None]:
+    """(address, interface) the job's traffic uses: the first interface NCCL_SOCKET_IFNAME
+    selects (prefix match, ``=`` for exact, as NCCL reads it), else the one that routes to the
+    main node."""
+    chosen = facts.get("nccl_socket_ifname") or ""
+    if chosen and not chosen.startswith("^"):  # an exclusion list leaves the choice to NCCL
+        exact = chosen.startswith("=")
+        wanted = [w for w in chosen.lstrip("=").split(",") if w]
+        for iface in facts["interfaces"]:
+            name = iface["name"]
+            matches = any(name == w if exact else name.startswith(w) for w in wanted)
+            if matches and iface["addresses"]:
+                return iface["addresses"][0], name
+    return facts["route_source"], route_interface(facts)
+
+
 def start_receiver(
     facts: dict, token: str, timeout: float
 ) -> tuple[BandwidthServer | None, dict | None, Check | None]:
-    """Listen for the previous node's transfer on the address that routes to the main node."""
-    addr = facts["route_source"]
+    """Listen for the previous node's transfer on the launch's address (``launch_address``)."""
+    addr, interface = launch_address(facts)
     if not addr:
         return None, None, Check(
             "bandwidth",
@@ -255,7 +279,7 @@ def start_receiver(
         receiver = BandwidthServer(addr, token, timeout=min(IO_TIMEOUT, timeout)).start(1)
     except BandwidthError as exc:
         return None, None, Check("bandwidth", "fail", str(exc))
-    return receiver, {"addr": addr, "port": receiver.port}, None
+    return receiver, {"addr": addr, "port": receiver.port, "interface": interface}, None
 
 
 def measure_ring_step(
@@ -264,12 +288,14 @@ def measure_ring_step(
     """This node's pair of the ring: stream to the next node, return the pair's result."""
     rank = facts["node_rank"]
     target = (rank + 1) % nodes
+    source, interface = launch_address(facts)
     pair = {
         "from_rank": rank,
         "to_rank": target,
         "from_host": facts["host"],
         "to_host": reports.get(target, {}).get("host"),
-        "from_addr": facts["route_source"],
+        "from_addr": source,
+        "from_interface": interface,
         "to_addr": None,
         "gbps": None,
         "nbytes": None,
@@ -287,8 +313,8 @@ def measure_ring_step(
             endpoint["addr"],
             int(endpoint["port"]),
             token,
-            seconds=seconds,
-            timeout=min(IO_TIMEOUT, timeout),
+            Limits(seconds=seconds, timeout=min(IO_TIMEOUT, timeout)),
+            source=source,
         )
     except BandwidthError as exc:
         pair["error"] = str(exc)
@@ -348,7 +374,9 @@ def render_bandwidth(pairs: list[dict], seconds: float) -> str:
             lines.append(f"  {route:<20} failed: {p['error']}")
             continue
         lines.append(
-            f"  {route:<20} {p['from_addr']} -> {p['to_addr']}  {p['gbps']:.3g} Gbit/s "
+            f"  {route:<20} {p['from_addr']} -> {p['to_addr']}"
+            + (f" ({p['from_interface']})" if p.get("from_interface") else "")
+            + f"  {p['gbps']:.3g} Gbit/s "
             f"({p['nbytes'] / 1e6:.1f} MB in {p['seconds']:.2f} s)"
         )
     if any(p["gbps"] is not None for p in pairs):
@@ -369,6 +397,7 @@ def build_cluster_facts(pairs: list[dict], hosts: dict[int, str], seconds: float
     slow = slowest_pair(pairs)
     addrs = {p["from_rank"]: p.get("from_addr") for p in pairs}
     keys = ("from_rank", "to_rank", "from_host", "to_host", "from_addr", "to_addr")
+    keys += ("from_interface",)
     return ClusterFacts(
         inter_node_gbps=round(slow["gbps"], 4),
         intra_node_gbps=None,  # the GPUs' own links: the doctor times the network only

@@ -1,9 +1,10 @@
 """A timed TCP transfer between two nodes: the bandwidth ``zerofit doctor --measure-bandwidth``
 reports and writes to the cluster-facts file.
 
-The receiver (``BandwidthServer``) listens on the address the launch will use (the node's
-``route_source``: the address of the interface that routes to the main node). The sender
-(``measure_to``) opens ``streams`` TCP connections to it, proves on each that it reached a
+The receiver (``BandwidthServer``) listens on the address the launch will use (in
+``--allocation``: the interface NCCL_SOCKET_IFNAME selects, else the one that routes to the main
+node). The sender (``measure_to``) opens ``streams`` TCP connections to it from its own such
+address, proves on each that it reached a
 zerofit receiver (``ZEROFIT-BANDWIDTH <token> <session> <streams>`` answered by ``OK``), then
 streams zeros on all of them until ``seconds`` pass or ``max_bytes`` are sent, whichever comes
 first. The receiver times what it receives, from the first data byte of any stream to the last
@@ -249,26 +250,33 @@ def _receive_until_eof(conn: socket.socket) -> tuple[int, float | None, float | 
 
 
 # --- sender ---------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Limits:
+    """How long and how much one measurement may stream, on how many TCP streams, and how long
+    one socket call waits on a silent peer."""
+
+    seconds: float = SECONDS
+    max_bytes: int = MAX_BYTES
+    streams: int = STREAMS
+    timeout: float = 10.0
+
+
 def measure_to(
-    addr: str,
-    port: int,
-    token: str,
-    seconds: float = SECONDS,
-    streams: int = STREAMS,
-    timeout: float = 10.0,
-    max_bytes: int = MAX_BYTES,
+    addr: str, port: int, token: str, limits: Limits = Limits(), source: str | None = None
 ) -> Transfer:
-    """Stream to a ``BandwidthServer`` on ``addr:port`` and return what it received.
+    """Stream to a ``BandwidthServer`` on ``addr:port`` within ``limits`` and return what it
+    received; with ``source``, from that local address (so the streams leave on its interface).
 
     Raises ``BandwidthError`` (one line, with the fix) when the peer cannot be reached, is not a
-    zerofit receiver, goes silent for ``timeout`` s, or breaks the connection.
+    zerofit receiver, goes silent for ``limits.timeout`` s, or breaks the connection.
     """
+    seconds, streams, timeout = limits.seconds, limits.streams, limits.timeout
     where = f"{addr}:{port}"
     session = os.urandom(6).hex()
     conns = []
     try:
         for _ in range(streams):
-            conns.append(_open_stream(addr, port, where, timeout))
+            conns.append(_open_stream(addr, port, where, timeout, source))
         for conn in conns:
             _send_hello(conn, where, token, session, streams)
         errors: list[str] = []
@@ -277,7 +285,7 @@ def measure_to(
         threads = [
             threading.Thread(
                 target=_stream,
-                args=(conn, deadline, max_bytes // streams, sent, index, errors),
+                args=(conn, deadline, limits.max_bytes // streams, sent, index, errors),
                 daemon=True,
             )
             for index, conn in enumerate(conns)
@@ -300,9 +308,12 @@ def measure_to(
             conn.close()
 
 
-def _open_stream(addr: str, port: int, where: str, timeout: float) -> socket.socket:
+def _open_stream(
+    addr: str, port: int, where: str, timeout: float, source: str | None
+) -> socket.socket:
+    bind_to = (source, 0) if source else None
     try:
-        conn = socket.create_connection((addr, port), timeout=timeout)
+        conn = socket.create_connection((addr, port), timeout=timeout, source_address=bind_to)
     except ConnectionRefusedError:
         raise BandwidthError(
             f"nothing listens on {where} (fix: that node's doctor is not running or already "

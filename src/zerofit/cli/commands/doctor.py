@@ -80,7 +80,8 @@ def register(sub) -> None:
         "--measure-bandwidth",
         action="store_true",
         help="with --allocation: time a TCP transfer around the nodes (a ring, all pairs at once) "
-        "over the address that routes to the main node, and print Gbit/s per pair",
+        "on the interface NCCL_SOCKET_IFNAME selects, else the one that routes to the main node, "
+        "and print Gbit/s per pair",
     )
     p.add_argument(
         "--bandwidth-seconds",
