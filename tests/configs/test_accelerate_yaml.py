@@ -127,3 +127,23 @@ def test_stage0_writes_no_deepspeed_json_and_names_none(tmp_path):
         "answers.yaml",
         "ds_config.json",
     ]
+
+
+def test_qlora_under_zero3_names_the_quant_storage_in_both_files(tmp_path):
+    """QLoRA + ZeRO-3: the YAML header and the JSON's _comment name bnb_4bit_quant_storage equal
+    to the compute dtype; the files still load (accelerate) and parse (json)."""
+    import json
+
+    from zerofit.configs.outputs import render_files
+
+    plan = build_plan(stage=3, gpus_per_node=2, finetuning="qlora", precision="fp16")
+    files = render_files(plan)
+    assert "bnb_4bit_quant_storage=torch.float16" in files["accelerate.yaml"]
+    assert "bnb_4bit_quant_storage=float16" in json.loads(files["ds_config.json"])["_comment"]
+    load_with_accelerate(tmp_path, files["accelerate.yaml"])
+    lora = render_files(build_plan(stage=3, gpus_per_node=2, finetuning="lora"))
+    assert "LoRA under ZeRO-3" in lora["accelerate.yaml"]
+    assert "quant_storage" not in lora["accelerate.yaml"] + lora["ds_config.json"]
+    for stage, finetuning in ((2, "qlora"), (3, "full")):
+        quiet = render_files(build_plan(stage=stage, gpus_per_node=2, finetuning=finetuning))
+        assert "LoRA" not in quiet["accelerate.yaml"] and "QLoRA" not in quiet["ds_config.json"]

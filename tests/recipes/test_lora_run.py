@@ -7,7 +7,8 @@
   its log-probs equal the base model's at every step; `--merge-adapter` saves a full model.
 - One CPU process, GRPO QLoRA (bitsandbytes NF4 on CPU) with a KL reference: trains, generates,
   checkpoints the adapters only.
-Configs: `zerofit config` at fp32 (exact comparisons), global batch 8, micro-batch 2.
+Configs: `zerofit config --finetuning lora` at fp32 (exact comparisons), global batch 8,
+micro-batch 2.
 
 Run: .venv/bin/python -m pytest tests/recipes/test_lora_run.py -q   (serial; 4 launches)
 """
@@ -46,6 +47,7 @@ def tiny(tmp_path_factory) -> dict:
         flags = ["--model", str(model), "--gpu", "L4", "--gpus-per-node", "2"]
         flags += ["--stage", str(stage), "--global-batch", "8", "--micro-batch", "2"]
         flags += ["--seq-len", "16", "--precision", "fp32", "--flavour", "explicit"]
+        flags += ["--finetuning", "lora"]  # the files `zerofit config` writes for LoRA
         assert main(["config", *flags, "--out", str(out)]) == 0
         configs[f"zero{stage}"] = out / "accelerate.yaml"
     return {"root": root, "model": model, **configs}

@@ -117,6 +117,42 @@ def render_deepspeed_lines(plan, ds_config_file: str) -> list[str]:
     return lines
 
 
+TORCH_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+
+
+def quant_storage_dtype(plan) -> str | None:
+    """QLoRA under ZeRO-3: the `bnb_4bit_quant_storage` the model must load with (the compute
+    dtype), else None. transformers loads a quantized model outside zero.Init
+    (modeling_utils.py, PreTrainedModel.get_init_context: `if not is_quantized`), and DeepSpeed
+    then partitions the 4-bit weights only when they are stored in a float dtype: peft's guide
+    (docs/source/accelerate/deepspeed.md, "Use PEFT QLoRA and DeepSpeed with ZeRO3") and
+    transformers' BitsAndBytesConfig docstring (`bnb_4bit_quant_storage`); peft issue 1844."""
+    if plan.stage != 3 or plan.answers.finetuning != "qlora":
+        return None
+    return TORCH_DTYPES.get(plan.precision, "bfloat16")
+
+
+def render_finetuning_lines(plan) -> list[str]:
+    """LoRA / QLoRA under ZeRO-3: what the training script must do for these files to work."""
+    if plan.stage != 3 or plan.answers.finetuning == "full":
+        return []
+    lines = [
+        "# LoRA under ZeRO-3: the JSON gathers the 16-bit weights on save, so adapters are not "
+        "saved empty;",
+        "# load the model without device_map (DeepSpeed places the shards).",
+    ]
+    storage = quant_storage_dtype(plan)
+    if storage:
+        lines += [
+            "# QLoRA: load with BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type='nf4',",
+            f"#   bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=torch.{storage},",
+            f"#   bnb_4bit_quant_storage=torch.{storage}) (TRL: --bnb_4bit_quant_storage "
+            f"{storage}): a storage",
+            "#   dtype equal to the compute dtype is what lets ZeRO-3 partition the 4-bit weights.",
+        ]
+    return lines
+
+
 def render_machine_rank_lines(plan, machine_rank: int) -> list[str]:
     """Multi-node: how every node uses this one file.
 
@@ -143,6 +179,7 @@ def render_accelerate_config(
     header = [
         render_processes_line(plan),
         *render_deepspeed_lines(plan, ds_config_file),
+        *render_finetuning_lines(plan),
         *render_machine_rank_lines(plan, machine_rank),
     ]
     return "\n".join(header) + "\n" + yaml.safe_dump(cfg, sort_keys=False)

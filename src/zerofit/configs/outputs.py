@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import json
 
-from zerofit.configs.accelerate_yaml import DS_CONFIG_FILE, render_accelerate_config
+from zerofit.configs.accelerate_yaml import (
+    DS_CONFIG_FILE,
+    quant_storage_dtype,
+    render_accelerate_config,
+)
 from zerofit.configs.deepspeed_json import build_zero_config
 from zerofit.planning.answers import Answers, render_answers
 
@@ -12,8 +16,18 @@ FILE_NAMES = ("ds_config.json", "accelerate.yaml", "answers.yaml")  # every file
 
 
 def render_zero_config(plan) -> str:
-    """DeepSpeed JSON text: indent 2, key order as built, trailing newline (byte-stable)."""
-    return json.dumps(build_zero_config(plan), indent=2) + "\n"
+    """DeepSpeed JSON text: indent 2, key order as built, trailing newline (byte-stable).
+
+    QLoRA under ZeRO-3: the `_comment` names the `bnb_4bit_quant_storage` the model must load
+    with (accelerate_yaml.quant_storage_dtype says why)."""
+    config = build_zero_config(plan)
+    storage = quant_storage_dtype(plan)
+    if storage and isinstance(config.get("_comment"), str):
+        config["_comment"] += (
+            f"; QLoRA: load with bnb_4bit_quant_storage={storage} (the compute dtype), "
+            "or ZeRO-3 cannot partition the 4-bit weights"
+        )
+    return json.dumps(config, indent=2) + "\n"
 
 
 def render_files(plan, ds_config_file: str = DS_CONFIG_FILE) -> dict[str, str]:
