@@ -99,6 +99,10 @@ def test_hpz_keeps_a_16bit_secondary_shard_of_the_node_and_qwz_qgz_their_buffers
     resident = st.resident_states(QWEN25_7B, hpz, 2, buckets)
     assert resident["hpz_secondary_params"] == -(-QWEN25_7B.params // 8) * 2
     assert "hpz_secondary_params" not in st.resident_states(QWEN25_7B, plain, 2, buckets)
+    # DPO's reference model runs under the same ZeRO-3 config (TRL prepare_deepspeed)
+    dpo = TrainSetup(stage=3, world_size=16, gpus_per_node=8, zero_plus="hpz", workload="dpo")
+    with_reference = st.resident_states(QWEN25_7B, dpo, 2, buckets)
+    assert with_reference["hpz_secondary_reference"] == resident["hpz_secondary_params"]
     offloaded = TrainSetup(
         stage=3,
         world_size=16,

@@ -243,11 +243,19 @@ def zero_plus_resident(model, s, b: int) -> dict[str, int]:
     ``Init.remote_device``, the GPU unless parameters are offloaded; the group is
     ``zero_hpz_partition_size`` ranks, a node. It lives through backward (whose all-gather reads
     it) and the optimizer step, until ``stage3.py`` ``_post_step`` ->
-    ``invalidate_secondary_tensor``: params x b / GPUs per node on each rank."""
+    ``invalidate_secondary_tensor``: params x b / GPUs per node on each rank.
+
+    A reference model (DPO, GRPO with beta > 0) gets the same ZeRO-3 config at stage 3
+    (trl/models/utils.py ``prepare_deepspeed`` keeps ``zero_optimization``), so its forwards
+    leave a secondary shard too, and with no optimizer step of its own nothing drops it."""
     if not s.zero_plus.startswith("hpz") or s.offload_param != "none":
         return {}
     group = max(1, min(s.gpus_per_node, s.world_size))
-    return {"hpz_secondary_params": math.ceil(model.params / group) * b}
+    shard = math.ceil(model.params / group) * b
+    out = {"hpz_secondary_params": shard}
+    if s.uses_reference:
+        out["hpz_secondary_reference"] = shard
+    return out
 
 
 def qwz_gather_buffer_bytes(model, s, prefetch: int) -> int:
