@@ -1,5 +1,5 @@
 """`zerofit doctor`: gather a node's facts, check them, report; the port handshake; the timed
 TCP transfer between nodes (`--measure-bandwidth`).
 
-Imports nothing else from zerofit; only cli imports it.
+Imports no other zerofit folder (only the shared `cluster_facts`); only cli imports it.
 """
