@@ -22,7 +22,7 @@ import math
 from dataclasses import dataclass, field
 
 from zerofit.memory import activations as act
-from zerofit.memory import losses
+from zerofit.memory import lora, losses
 from zerofit.memory import overheads as oh
 from zerofit.memory import states as st
 from zerofit.memory.optimizers import host_step_temporary_bytes, resolve_optimizer
@@ -81,6 +81,14 @@ class TrainSetup:
     # (configs/deepspeed_json.py) and DeepSpeed's default (runtime/zero/offload_config.py)
     pin_optimizer_offload: bool = True
     pin_param_offload: bool = True
+    # --- adapters (memory/lora.py): full | lora | qlora, the adapters' rank, targets (all-linear,
+    # attention or PEFT module names) and dropout; qlora's 4-bit storage dtype, "compute"
+    # (bnb_4bit_quant_storage = the compute dtype: ZeRO-3 shards it) or "uint8" (the default)
+    finetuning: str = "full"
+    lora_rank: int = 16
+    lora_targets: str = "all-linear"
+    lora_dropout: float = 0.05
+    quant_storage: str = "compute"
 
     def bucket_sizes(self, hidden_size: int) -> dict:
         """Bucket sizes in elements: explicit ones, else what zerofit writes, over DS defaults."""
@@ -257,11 +265,26 @@ def activation_bytes(model, setup: TrainSetup, sizes: StepSizes) -> ActivationBy
     tokens, sequences = sizes.tokens, sizes.sequences
     batch = act.LayerBatch(sequences, setup.seq_len, setup.attention, residual, setup.padded)
     stored = act.stored_activation_bytes(model, compute, batch, setup.gradient_checkpointing)
+    # adapters: what one layer and the final norm keep differently (lora.py), and the first
+    # layer's input norm, which keeps nothing when its input needs no grad
+    layer_delta, first_layer, adapter_casts = 0, 0, 0
+    if lora.is_adapter(setup):
+        layer_delta = lora.adapter_layer_delta_per_token(model, setup, compute, residual) * tokens
+        final = lora.adapter_final_delta_per_token(model, setup, residual, compute, sizes.loss_path)
+        first_layer = lora.first_layer_saving_per_token(model, setup) * tokens
+        stored += final * tokens
+        if not setup.gradient_checkpointing:
+            stored += model.num_layers * layer_delta - first_layer
+        adapter_casts = lora.adapter_params(model, setup.lora_rank, setup.lora_targets) * compute
     # fp32 weights under autocast: the cast copies live from the forward until autocast exits,
     # and stay saved for backward unless checkpointing drops them (recomputed one layer a time)
     casts = st.autocast_weight_bytes(model, compute) if sizes.weight_bytes > compute else 0
+    if adapter_casts and lora.adapter_element_bytes(setup, compute) > compute:
+        casts += adapter_casts  # autocast's cached casts of the fp32 adapters
+    if setup.finetuning == "qlora":
+        casts = 0  # the 4-bit weights are dequantized per call (lora.dequantized_weight_bytes)
     if setup.gradient_checkpointing:
-        recompute = act.recompute_bytes(model, compute, batch)
+        recompute = act.recompute_bytes(model, compute, batch) + layer_delta
         # the first layer's backward: its recomputed layer and its own saved input (and the
         # padded batch's boolean mask, which that layer's recompute closure still holds)
         last_layer = recompute + residual * model.hidden_size * tokens
@@ -275,7 +298,8 @@ def activation_bytes(model, setup: TrainSetup, sizes: StepSizes) -> ActivationBy
     one_layer = act.one_layer_bytes(
         model, compute, sequences, setup.seq_len, setup.attention, residual, setup.padded
     )
-    return ActivationBytes(stored, stored + temporaries, one_layer + temporaries, casts, casts)
+    last_layer = one_layer + layer_delta - first_layer + temporaries
+    return ActivationBytes(stored, stored + temporaries, last_layer, casts, casts)
 
 
 def estimate_memory(model, setup: TrainSetup) -> MemoryEstimate:
@@ -283,14 +307,9 @@ def estimate_memory(model, setup: TrainSetup) -> MemoryEstimate:
     sizes = step_sizes(model, setup)
     compute = sizes.compute_bytes
     resident = _resident_bytes(model, setup, sizes)
-    live = {"live_params": st.stage3_live_params(model, setup, compute, sizes.buckets)}
+    live = {"live_params": _live_params(model, setup, sizes)}
     activations = activation_bytes(model, setup, sizes)
-    if setup.without_deepspeed:
-        backward = st.plain_backward_buffers(model, setup, sizes.weight_bytes)
-        step = st.plain_step_buffers(model, setup, sizes.weight_bytes, sizes.optimizer)
-    else:
-        backward = st.backward_buffers(model, setup, compute, sizes.buckets)
-        step = st.step_buffers(model, setup, compute, sizes.buckets, sizes.optimizer)
+    backward, step = _gradient_buffers(model, setup, sizes)
     loss_bytes = losses.train_loss_bytes(sizes.loss_path, model, compute, sizes.logit_tokens)
     phases: dict[str, dict[str, int]] = {}
     phases["forward"] = {
@@ -336,9 +355,50 @@ def estimate_memory(model, setup: TrainSetup) -> MemoryEstimate:
     )
 
 
+def _live_params(model, setup: TrainSetup, sizes: StepSizes) -> int:
+    """ZeRO-3's gathered parameters (states.stage3_live_params); a sharded 4-bit base gathers its
+    NF4 bytes, not 16-bit weights (lora.frozen_base_bytes)."""
+    live = st.stage3_live_params(model, setup, sizes.compute_bytes, sizes.buckets)
+    if setup.finetuning == "qlora" and live:
+        full = model.params * sizes.compute_bytes
+        live = math.ceil(live * lora.frozen_base_bytes(model, setup, sizes.compute_bytes) / full)
+        live = live * setup.world_size if setup.quant_storage == "compute" else live
+    return live
+
+
+def _gradient_buffers(model, setup: TrainSetup, sizes: StepSizes) -> tuple[dict, dict]:
+    """The buffers backward and the optimizer step add (states.py; lora.py for adapters)."""
+    compute, weight_bytes, buckets = sizes.compute_bytes, sizes.weight_bytes, sizes.buckets
+    if lora.is_adapter(setup):
+        if setup.without_deepspeed:
+            adapter_bytes = lora.adapter_element_bytes(setup, compute)
+            trainable = lora.adapter_params(model, setup.lora_rank, setup.lora_targets)
+            backward = {"gradients": trainable * adapter_bytes} if setup.grad_accum == 1 else {}
+            step = lora.plain_adapter_step(model, setup, adapter_bytes, sizes.optimizer)
+            return backward, step
+        backward = lora.adapter_backward_buffers(model, setup, compute, buckets)
+        step = lora.adapter_step_buffers(model, setup, compute, buckets, sizes.optimizer)
+        return backward, step
+    if setup.without_deepspeed:
+        backward = st.plain_backward_buffers(model, setup, weight_bytes)
+        step = st.plain_step_buffers(model, setup, weight_bytes, sizes.optimizer)
+        return backward, step
+    backward = st.backward_buffers(model, setup, compute, buckets)
+    step = st.step_buffers(model, setup, compute, buckets, sizes.optimizer)
+    return backward, step
+
+
 def _resident_bytes(model, setup: TrainSetup, sizes: StepSizes) -> dict[str, int]:
     """What stays on the GPU for the whole step: the model states (states.py) and the
     reference model."""
+    if lora.is_adapter(setup):
+        # the reference is the policy with its adapters disabled: TRL's DPOTrainer / GRPOTrainer
+        # given a PEFT model and no ref_model run it under ``use_adapter(..., None)`` /
+        # ``disable_adapter()``, no second copy of the weights
+        if setup.without_deepspeed:
+            adapter_bytes = lora.adapter_element_bytes(setup, sizes.compute_bytes)
+            return lora.plain_adapter_resident(model, setup, sizes.weight_bytes, adapter_bytes)
+        return lora.adapter_resident_states(model, setup, sizes.compute_bytes, sizes.buckets)
     if setup.without_deepspeed:
         resident = st.plain_resident_states(model, setup, sizes.weight_bytes)
     else:
@@ -366,6 +426,8 @@ def _backward_phase(
     """The backward's peak: without DeepSpeed at one end of backward (``_plain_backward``);
     under ZeRO, the worst moment one parameter's grad adds to (states.backward_moments), each
     with the activations alive then."""
+    if lora.is_adapter(setup):
+        return _adapter_backward(model, setup, resident, live, backward, activations)
     if setup.without_deepspeed and backward:
         return _plain_backward(
             model,
@@ -391,6 +453,32 @@ def _backward_phase(
             _merge(resident, moment_live, backward, extra, {"activations": activations_at[moment]})
         )
     return max(moments, key=lambda parts: sum(parts.values()))
+
+
+def _adapter_backward(
+    model,
+    setup: TrainSetup,
+    resident: dict,
+    live: dict,
+    backward: dict,
+    activations: ActivationBytes,
+) -> dict[str, int]:
+    """Backward with adapters: the frozen LM head and embedding make no gradient, so the peak is
+    at the start of the layers' backward (every activation, the adapters' grads as they come)
+    or at its end (the first layer's backward); QLoRA adds one dequantized weight
+    (lora.dequantized_weight_bytes)."""
+    compute = DTYPE_BYTES[setup.precision]
+    extra = {}
+    dequantized = lora.dequantized_weight_bytes(model, setup, compute)
+    if dequantized:
+        extra["dequantized_weight"] = dequantized
+    if activations.casts_in_backward:
+        extra["autocast_weights"] = activations.casts_in_backward
+    start = _merge(resident, live, extra, {"activations": activations.in_backward})
+    end = _merge(resident, live, backward, extra, {"activations": activations.last_layer})
+    if not setup.without_deepspeed:
+        start = _merge(start, backward)
+    return max(start, end, key=lambda parts: sum(parts.values()))
 
 
 def _reference_phase(
@@ -456,6 +544,8 @@ def _host_bytes(model, setup: TrainSetup, sizes: StepSizes) -> int:
     optimizer's step temporaries, and a reference model's parameters offloaded under ZeRO-3."""
     per_node = setup.gpus_per_node
     owned = math.ceil(model.params / setup.world_size)
+    if lora.is_adapter(setup):
+        return lora.adapter_host_bytes_per_rank(model, setup, sizes.compute_bytes) * per_node
     host = st.cpu_bytes_per_rank(model, setup, sizes.compute_bytes, sizes.buckets) * per_node
     if setup.offload_optimizer == "cpu":
         host += host_step_temporary_bytes(sizes.optimizer, owned) * per_node

@@ -23,6 +23,7 @@ bitsandbytes 0.50.2, transformers 5.23, trl 1.16, deepspeed 0.19):
 
 from __future__ import annotations
 
+import math
 import re
 
 from zerofit.errors import ZerofitError
@@ -60,3 +61,416 @@ def check_lora_targets(targets: str) -> None:
             f"{shown!r} is not a module name",
             "use all-linear, attention, or names such as q_proj,v_proj",
         )
+
+
+def is_adapter(setup) -> bool:
+    """The setup trains adapters (lora or qlora) on a frozen base."""
+    return getattr(setup, "finetuning", "full") != "full"
+
+
+# --- what the adapters target -------------------------------------------------------------------
+def layer_linear_shapes(model) -> dict[str, tuple[int, int]]:
+    """(in_features, out_features) of each linear layer of one decoder layer, by module name.
+    A transformers 5 MoE layer holds its experts as 3-D parameters, not ``nn.Linear``: its linear
+    layers are the attention projections and the router (``gate``)."""
+    h, heads, kv, d = model.hidden_size, model.num_heads, model.num_kv_heads, model.head_dim
+    shapes = {
+        "q_proj": (h, heads * d),
+        "k_proj": (h, kv * d),
+        "v_proj": (h, kv * d),
+        "o_proj": (heads * d, h),
+    }
+    if getattr(model, "num_experts", 0):
+        shapes["gate"] = (h, model.num_experts)
+    else:
+        i = model.intermediate_size
+        shapes.update({"gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h)})
+    return shapes
+
+
+def targeted_modules(model, targets: str) -> dict[str, tuple[int, int]]:
+    """The modules ``targets`` gives adapters, with their (in, out) features: in the decoder layers
+    (every layer) and, when named, the LM head (``lm_head``: hidden -> vocab) or the input
+    embedding (``embed_tokens``: PEFT's ``lora.Embedding`` has A of r x vocab, B of hidden x r).
+    ZerofitError for a name this model has no layer of (PEFT stops there too:
+    ``BaseTuner.inject_adapter`` raises "Target modules ... not found in the base model")."""
+    layer = layer_linear_shapes(model)
+    if targets == "all-linear":
+        return dict(layer)
+    if targets == "attention":
+        return {name: layer[name] for name in ATTENTION_MODULES}
+    outside = {"lm_head": (model.hidden_size, model.vocab_size)}
+    outside["embed_tokens"] = (model.vocab_size, model.hidden_size)
+    chosen: dict[str, tuple[int, int]] = {}
+    for name in (part.strip() for part in targets.split(",")):
+        short = name.rsplit(".", 1)[-1]  # PEFT matches a suffix of the module's full name
+        if short in layer:
+            chosen[short] = layer[short]
+        elif short in outside:
+            chosen[short] = outside[short]
+        else:
+            known = ", ".join([*layer, *outside])
+            raise ZerofitError(
+                "lora_targets",
+                f"{name!r} is no linear layer of {model.name}",
+                f"use all-linear, attention, or names among {known}",
+            )
+    return chosen
+
+
+def _is_outside(name: str) -> bool:
+    return name in OUTSIDE_MODULES
+
+
+def adapter_params(model, rank: int, targets: str) -> int:
+    """Trainable parameters: r x (in + out) per targeted module, every decoder layer."""
+    total = 0
+    for name, (fan_in, fan_out) in targeted_modules(model, targets).items():
+        copies = 1 if _is_outside(name) else model.num_layers
+        total += copies * rank * (fan_in + fan_out)
+    return total
+
+
+def count_trainable_params(model, setup) -> int | None:
+    """The parameters the optimizer steps, for the speed model's ``trainable_params``: the
+    adapters' under lora / qlora, None (every weight) for a full fine-tune."""
+    if not is_adapter(setup):
+        return None
+    return adapter_params(model, setup.lora_rank, setup.lora_targets)
+
+
+def largest_adapter_tensor(model, rank: int, targets: str) -> int:
+    """Elements of the biggest single A or B matrix (a for-loop optimizer's temporaries)."""
+    shapes = targeted_modules(model, targets).values()
+    return max(rank * max(fan_in, fan_out) for fan_in, fan_out in shapes)
+
+
+# --- the frozen base ----------------------------------------------------------------------------
+def quantized_elements(model) -> tuple[int, int]:
+    """(elements, tensors) bitsandbytes quantizes: every linear weight of every decoder layer
+    (the LM head stays in 16-bit: ``get_keys_to_not_convert``)."""
+    shapes = layer_linear_shapes(model).values()
+    per_layer = sum(fan_in * fan_out for fan_in, fan_out in shapes)
+    return per_layer * model.num_layers, len(shapes) * model.num_layers
+
+
+def nf4_bytes(elements: int, tensors: int) -> int:
+    """Bytes of ``elements`` weights in NF4 with double quantization, over ``tensors`` tensors
+    (``functional.quantize_4bit``): packed values, one 8-bit absmax per 64-element block, one fp32
+    absmax per 256 blocks, and each tensor's codes and offset. Per tensor the counts round up;
+    summed over many tensors the rounding is within a few bytes per tensor."""
+    blocks = math.ceil(elements / NF4_BLOCK)
+    return (
+        math.ceil(elements / 2)
+        + blocks
+        + math.ceil(blocks / ABSMAX_BLOCK) * FP32
+        + tensors * NF4_TENSOR_CONSTANTS
+    )
+
+
+def nf4_tensor_bytes(elements: int) -> int:
+    """One weight of ``elements`` in NF4 with double quantization, exactly as quantize_4bit
+    stores it (``nf4_bytes`` of one tensor)."""
+    return nf4_bytes(elements, 1)
+
+
+def frozen_base_bytes(model, setup, element_bytes: int) -> int:
+    """The frozen base on one GPU. lora: every weight in ``element_bytes``; qlora: the decoder's
+    linear weights in NF4 and the rest (embeddings, norms, LM head, biases) in ``element_bytes``.
+
+    ZeRO-1/2 partition only what the optimizer holds (``stage_1_and_2.py``: ``bit16_groups`` are
+    built from the optimizer's param groups, which the HF Trainer fills with ``requires_grad``
+    parameters only), so the frozen base stays a full replica on every GPU. ZeRO-3's
+    ``zero.Init`` partitions every parameter when the model is built; 4-bit weights are
+    partitioned only when they are stored in the compute dtype (``bnb_4bit_quant_storage``
+    bfloat16: Params4bit is then a floating tensor that DeepSpeed shards; with the default uint8
+    storage it is left whole on every rank, see peft's ``docs/source/accelerate/deepspeed.md``,
+    "ZeRO-3 and QLoRA"). Offloaded parameters (``offload_param``) leave nothing on the GPU."""
+    params = model.params
+    if setup.finetuning == "qlora":
+        quantized, tensors = quantized_elements(model)
+        quantized = min(quantized, params)
+        base = nf4_bytes(quantized, tensors) + (params - quantized) * element_bytes
+        shardable = setup.quant_storage == "compute"
+    else:
+        base, shardable = params * element_bytes, True
+    if setup.stage == 3 and shardable:
+        if setup.offload_param != "none":
+            return 0
+        return math.ceil(base / setup.world_size)
+    return base
+
+
+# --- the adapters' states under each ZeRO stage ---------------------------------------------------
+def adapter_element_bytes(setup, compute_bytes: int) -> int:
+    """Element size of A and B. DeepSpeed casts the whole module to the compute dtype
+    (``engine.py:_configure_distributed_model``). Without it, PEFT upcasts 16-bit adapters to
+    fp32 (``get_peft_model(autocast_adapter_dtype=True)`` -> ``tuners_utils.py:
+    cast_adapter_dtype``), except that TRL casts a quantized model's adapters back to bf16 as the
+    QLoRA paper does (``trl/trainer/sft_trainer.py`` ``SFTTrainer.__init__``, after
+    ``get_peft_model``)."""
+    if not setup.without_deepspeed or setup.finetuning == "qlora":
+        return compute_bytes
+    return FP32
+
+
+def adapter_resident_states(model, setup, b: int, buckets: dict) -> dict[str, int]:
+    """The adapters' counterpart of ``states.resident_states``: the same DeepSpeed buffers, sized
+    by the trainable parameters only (``stage_1_and_2.py`` / ``stage3.py`` build their flat
+    groups from the optimizer's params), plus the frozen base (``frozen_base_bytes``)."""
+    trainable = adapter_params(model, setup.lora_rank, setup.lora_targets)
+    world = setup.world_size
+    shard = trainable if setup.stage == 0 else math.ceil(trainable / world)
+    on_gpu_opt = setup.offload_optimizer == "none"
+    out = {"frozen_params": frozen_base_bytes(model, setup, b)}
+    if setup.stage == 3:
+        out["params"] = 0 if setup.offload_param != "none" else shard * b
+    else:
+        out["params"] = trainable * b  # bit16_groups_flat of the trainable parameters
+    if on_gpu_opt:
+        out["master_fp32"] = shard * FP32
+        out["optimizer_states"] = shard * 2 * FP32
+    if setup.stage == 3 and on_gpu_opt:
+        out["gradients"] = shard * b
+    elif setup.grad_accum > 1 and on_gpu_opt and setup.stage in (0, 1, 2):
+        out["gradients"] = (shard if setup.stage == 2 else trainable) * b
+    if setup.stage == 3 and buckets.get("reduce_bucket_size"):
+        # stage3.py: the ipg bucket is reduce_bucket_size elements, however few are trainable
+        out["comm_buckets"] = int(buckets["reduce_bucket_size"]) * b
+    if setup.stage in (1, 2) and not on_gpu_opt:
+        largest = largest_adapter_tensor(model, setup.lora_rank, setup.lora_targets)
+        out["comm_buckets"] = largest * b
+    return out
+
+
+def adapter_backward_buffers(model, setup, b: int, buckets: dict) -> dict[str, int]:
+    """Gradient buffers while backward runs (``states.backward_buffers`` for the adapters):
+    ZeRO-1/2's ipg buffers are ``reduce_bucket_size`` elements whatever the trainable count
+    (``stage_1_and_2.py:setup_buckets``: ``torch.empty(int(self.reduce_bucket_size))``, two with
+    overlap_comm); the frozen embedding has no gradient to hold."""
+    trainable = adapter_params(model, setup.lora_rank, setup.lora_targets)
+    out: dict[str, int] = {}
+    if setup.stage in (1, 2):
+        bucket = int(buckets.get("reduce_bucket_size", 500_000_000))
+        out["comm_buckets"] = (2 if setup.overlap_comm else 1) * bucket * b
+        if setup.offload_optimizer == "none" and trainable > bucket and setup.grad_accum == 1:
+            out["gradients"] = math.ceil(trainable / setup.world_size) * b
+    elif setup.stage == 0:
+        out["gradients"] = trainable * b if setup.grad_accum == 1 else 0
+        if setup.world_size > 1:
+            out["comm_buckets"] = min(trainable, 500_000_000) * b
+    return out
+
+
+def adapter_step_buffers(model, setup, b: int, buckets: dict, optimizer: str) -> dict[str, int]:
+    """``optimizer.step()`` on the adapters' partition (``states.step_buffers``' sequence: the
+    bit16 grads held while the flattened and fp32 copies are made, then the fp32 grad and the
+    optimizer's temporaries)."""
+    from zerofit.memory.optimizers import step_temporary_bytes
+
+    if setup.offload_optimizer != "none":
+        return {}
+    trainable = adapter_params(model, setup.lora_rank, setup.lora_targets)
+    shard = trainable if setup.stage == 0 else math.ceil(trainable / setup.world_size)
+    if setup.stage == 3:
+        sub = min(shard, int(buckets.get("sub_group_size", 1_000_000_000)))
+        temp = step_temporary_bytes(optimizer, sub, sub)
+        if b + FP32 > FP32 + temp:
+            return {"fp32_grads": sub * (b + FP32)}
+        return {"fp32_grads": sub * FP32, "optimizer_step_temp": temp}
+    first = {"fp32_grads": shard * (b + FP32)}
+    if setup.grad_accum == 1:
+        first["gradients"] = shard * b
+    temp = step_temporary_bytes(optimizer, shard, shard)
+    if sum(first.values()) >= shard * FP32 + temp:
+        return first
+    return {"fp32_grads": shard * FP32, "optimizer_step_temp": temp}
+
+
+def plain_adapter_resident(model, setup, weight_bytes: int, adapter_bytes: int) -> dict[str, int]:
+    """Without DeepSpeed (``states.plain_resident_states``): the frozen base in its load dtype,
+    the adapters with AdamW's two states in the adapters' dtype (``zeros_like``), accumulated
+    grads, and DDP's buckets, which hold only parameters that require grad
+    (``torch/nn/parallel/distributed.py``: ``_build_params_for_reducer``)."""
+    trainable = adapter_params(model, setup.lora_rank, setup.lora_targets)
+    out = {
+        "frozen_params": frozen_base_bytes(model, setup, weight_bytes),
+        "params": trainable * adapter_bytes,
+        "optimizer_states": 2 * trainable * adapter_bytes,
+    }
+    if setup.grad_accum > 1:
+        out["gradients"] = trainable * adapter_bytes
+    if setup.world_size > 1:
+        out["comm_buckets"] = trainable * adapter_bytes
+    return out
+
+
+def plain_adapter_step(model, setup, adapter_bytes: int, optimizer: str) -> dict[str, int]:
+    """The adapters' ``optimizer.step()`` without DeepSpeed: grads still held, and the
+    optimizer's temporaries over every adapter tensor (``optimizers.step_temporary_bytes``)."""
+    from zerofit.memory.optimizers import step_temporary_bytes
+
+    trainable = adapter_params(model, setup.lora_rank, setup.lora_targets)
+    largest = largest_adapter_tensor(model, setup.lora_rank, setup.lora_targets)
+    out = {"gradients": trainable * adapter_bytes} if setup.grad_accum == 1 else {}
+    temp = step_temporary_bytes(optimizer, trainable, largest, adapter_bytes)
+    if temp:
+        out["optimizer_step_temp"] = temp
+    return out
+
+
+# --- activations ----------------------------------------------------------------------------------
+# the bytes a CUDA dropout keeps per element for backward: ``at::native_dropout``'s boolean mask
+# (``aten/src/ATen/native/Dropout.cpp``: ``dropout`` takes the fused kernel on CUDA); on the CPU
+# ``_dropout_impl`` keeps a scaled noise tensor in the input's dtype instead
+CUDA_DROPOUT_MASK_BYTES = 1
+ATTENTION_INPUT_GROUP = ("q_proj", "k_proj", "v_proj")
+MLP_INPUT_GROUP = ("gate_proj", "up_proj")
+
+
+def copies_each_input(setup, compute_bytes: int) -> bool:
+    """Each targeted module keeps its own copy of its input for ``lora_A``'s weight gradient:
+    with dropout (``lora_A(dropout(x))``: each module drops its own copy), or when the adapters'
+    dtype is not the compute dtype (fp32 adapters under autocast: ``_cast_input_dtype`` then
+    autocast cast ``x`` again for each ``lora_A``, and autocast caches only casts of weights)."""
+    adapter_bytes = adapter_element_bytes(setup, compute_bytes)
+    return setup.lora_dropout > 0 or adapter_bytes != compute_bytes
+
+
+def adapter_layer_delta_per_token(
+    model, setup, a: int, residual: int, mask_bytes: int = CUDA_DROPOUT_MASK_BYTES
+) -> int:
+    """What one decoder layer keeps per token with adapters, minus what the full fine-tune's
+    formula (``activations.layer_bytes_per_token``) counts. Autograd saves a tensor only for the
+    gradients it must produce (checked with saved-tensor hooks, tests/memory/test_lora.py):
+
+    - frozen norm weights: ``weight * x`` no longer saves ``x`` (the normalised tensor, per norm
+      and per q/k norm);
+    - a frozen linear layer saves no input; ``lora_A`` saves its own: the norm's output once per
+      group (q/k/v, gate/up) when it takes ``x`` itself, else one copy per targeted module
+      (``copies_each_input``); ``down_proj``'s input is saved only when it is targeted, and
+      ``o_proj``'s is the attention kernel's output, saved anyway, unless copied per module;
+    - dropout keeps a mask per targeted module (``mask_bytes`` per input element);
+    - ``lora_B`` saves the rank-r intermediate (``lora_A``'s output) of each targeted module.
+    """
+    from zerofit.memory.activations import LLAMA_NORMS, NORM_LAYOUTS
+
+    h, heads, kv, d = model.hidden_size, model.num_heads, model.num_kv_heads, model.head_dim
+    layout = NORM_LAYOUTS.get(model.architecture, LLAMA_NORMS)
+    normalised = FP32 if layout.fp32_weight else residual
+    delta = -(layout.pre + layout.post) * normalised * h
+    if layout.qk:
+        delta -= (FP32 if layout.fp32_weight else a) * (heads + kv) * d
+    targets = {
+        name: shape
+        for name, shape in targeted_modules(model, setup.lora_targets).items()
+        if not _is_outside(name)
+    }
+    per_module = copies_each_input(setup, a) or residual != a
+    for group, full_copies in (
+        (ATTENTION_INPUT_GROUP, 3 if residual != a else 1),
+        (MLP_INPUT_GROUP, 2 if residual != a else 1),
+    ):
+        chosen = [name for name in group if name in targets]
+        if not chosen and any(name in layer_linear_shapes(model) for name in group):
+            delta -= full_copies * a * h
+        elif chosen:
+            delta += ((len(chosen) if per_module else 1) - full_copies) * a * h
+    if "o_proj" in targets and copies_each_input(setup, a):
+        delta += a * heads * d
+    if "down_proj" in layer_linear_shapes(model) and "down_proj" not in targets:
+        delta -= a * model.intermediate_size
+    if setup.lora_dropout > 0:
+        delta += mask_bytes * sum(fan_in for fan_in, _ in targets.values())
+    return delta + a * setup.lora_rank * len(targets)
+
+
+def adapter_final_delta_per_token(model, setup, residual: int, a: int, loss_path: str) -> int:
+    """The final norm's normalised tensor is not saved (frozen weight), nor is the LM head's
+    input where the head is a frozen ``nn.Linear`` (the HF loss and TRL's log-prob path; TRL's
+    fused head and Liger save the hidden states themselves)."""
+    from zerofit.memory.activations import LLAMA_NORMS, NORM_LAYOUTS
+
+    layout = NORM_LAYOUTS.get(model.architecture, LLAMA_NORMS)
+    normalised = FP32 if layout.fp32_weight else residual
+    delta = -normalised * model.hidden_size
+    head_targeted = "lm_head" in targeted_modules(model, setup.lora_targets)
+    if loss_path in ("hf", "trl_logps") and not head_targeted:
+        delta -= a * model.hidden_size
+    return delta
+
+
+def first_layer_input_grad(setup) -> bool:
+    """The first layer's input requires grad: gradient checkpointing makes TRL / the HF Trainer
+    call ``enable_input_require_grads`` (``SFTTrainer.__init__``; peft's
+    ``prepare_model_for_kbit_training``), and a targeted embedding has grads of its own;
+    otherwise the frozen embedding's output needs none, and the first norm saves nothing."""
+    if setup.gradient_checkpointing:
+        return True
+    return "embed_tokens" in targeted_modules_names(setup.lora_targets)
+
+
+def targeted_modules_names(targets: str) -> set[str]:
+    """The short module names a comma list gives (empty for the presets)."""
+    if targets in TARGET_PRESETS:
+        return set()
+    return {part.strip().rsplit(".", 1)[-1] for part in targets.split(",")}
+
+
+def first_layer_saving_per_token(
+    model, setup, mask_bytes: int = CUDA_DROPOUT_MASK_BYTES
+) -> int:
+    """Bytes per token the first layer does not save when its input needs no grad
+    (``first_layer_input_grad``): the fp32 copy its input norm's ``pow`` would keep, and the
+    dropout masks of the modules that read that norm (q/k/v: nothing asks for their input's
+    gradient, so the multiply by the mask keeps nothing)."""
+    if first_layer_input_grad(setup):
+        return 0
+    saving = FP32 * model.hidden_size
+    if setup.lora_dropout > 0:
+        targets = targeted_modules(model, setup.lora_targets)
+        readers = [name for name in ATTENTION_INPUT_GROUP if name in targets]
+        saving += mask_bytes * model.hidden_size * len(readers)
+    return saving
+
+
+def dequantized_weight_bytes(model, setup, a: int) -> int:
+    """QLoRA: ``MatMul4Bit`` dequantizes a whole weight for each forward and each input-gradient
+    matmul (``bitsandbytes/autograd/_functions.py``; on CUDA ``backends/cuda/ops.py`` ``gemm_4bit``
+    falls back to ``_dequant_linear_fallback`` past 256 rows, i.e. in training), in the compute
+    dtype, after dequantizing its absmax to fp32 (one per 64-element block): the largest
+    quantized weight sets it."""
+    if setup.finetuning != "qlora":
+        return 0
+    largest = max(fan_in * fan_out for fan_in, fan_out in layer_linear_shapes(model).values())
+    return largest * a + math.ceil(largest / NF4_BLOCK) * FP32
+
+
+# --- host RAM -------------------------------------------------------------------------------------
+def adapter_host_bytes_per_rank(model, setup, b: int) -> int:
+    """Host RAM one rank holds for offload with adapters: an offloaded optimizer holds only the
+    trainable partition (``memory/pinned.py`` sizes its buffers, pinned or not); offloaded ZeRO-3
+    parameters are the whole (frozen) model's shard."""
+    from zerofit.memory import pinned
+
+    trainable = adapter_params(model, setup.lora_rank, setup.lora_targets)
+    shard = math.ceil(trainable / setup.world_size)
+    total = 0
+    if setup.offload_optimizer == "cpu":
+        if setup.stage == 3:
+            # stage3.py: the flat grad partition and the fp32 grads pinned, master and moments not
+            buffers = [shard * b, shard * FP32]
+            if setup.pin_optimizer_offload:
+                buffers = [pinned.pinned_bytes(size) for size in buffers]
+            total += sum(buffers) + shard * 3 * FP32
+        else:
+            largest = largest_adapter_tensor(model, setup.lora_rank, setup.lora_targets)
+            total += pinned.zero12_offload_host_bytes(setup, b, shard, largest)
+    elif setup.offload_optimizer == "nvme":
+        total += 2 * shard * 4 * FP32
+    if setup.offload_param == "cpu":
+        base_shard = math.ceil(model.params / setup.world_size)
+        total += pinned.zero3_param_offload_host_bytes(model, setup, b, base_shard)
+    elif setup.offload_param == "nvme":
+        total += 5 * 100_000_000 * b
+    return total
