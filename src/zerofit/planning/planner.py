@@ -102,7 +102,9 @@ def network_of(answers: Answers, gpu: GpuSpec, gpus_per_node: int) -> Network:
 def trainable_params(inputs: "PlanInputs") -> int | None:
     """The parameters the optimizer steps, for the speed model: None, every weight (full
     fine-tuning). An adapter (LoRA) returns its own count here."""
-    return None
+    from zerofit.memory.lora import count_trainable_params
+
+    return count_trainable_params(inputs.model, inputs.answers)
 
 
 @dataclass(frozen=True)
@@ -370,6 +372,10 @@ def build_setup(
         interconnect=inputs.network.interconnect,
         padded=pads_batches(answers, micro_batch),
         weights_dtype=answers.weights_dtype,
+        finetuning=answers.finetuning,
+        lora_rank=answers.lora_rank,
+        lora_targets=answers.lora_targets,
+        lora_dropout=answers.lora_dropout,
         pin_optimizer_offload=answers.pin_memory is not False,
         pin_param_offload=answers.pin_memory is not False,
     )
