@@ -126,6 +126,10 @@ class TrainSetup:
         ``from_pretrained`` in transformers 5 uses the checkpoint's dtype, "auto")."""
         if not self.without_deepspeed or self.precision == "fp32":
             return self.precision
+        if self.weights_dtype is None and self.finetuning != "full":
+            # adapters' bases are loaded in 16-bit by LLaMA-Factory, axolotl, ms-swift, torchtune
+            # and the QLoRA recipes (torch_dtype=bfloat16): a frozen fp32 copy only costs memory
+            return self.precision
         return self.weights_dtype or "fp32"
 
     @property

@@ -37,6 +37,15 @@ MLP_MODULES = ("gate_proj", "up_proj", "down_proj")
 # modules outside the decoder layers a user may name (PEFT targets them when named, never through
 # "all-linear": the LM head is the output layer, the embedding is no linear layer)
 OUTSIDE_MODULES = ("lm_head", "embed_tokens")
+FUSED_QKV_NAMES = ("c_attn", "W_pack", "query_key_value", "qkv_proj")
+LAYER_ALIASES = {
+    "c_proj": ("o_proj", "down_proj"),  # Qwen-1: attn.c_proj and mlp.c_proj
+    "w1": ("up_proj",),
+    "w2": ("gate_proj",),
+    "dense": ("o_proj",),
+    "dense_h_to_4h": ("up_proj",),
+    "dense_4h_to_h": ("down_proj",),
+}
 _MODULE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*$")
 
 FP32 = 4
@@ -101,10 +110,17 @@ def targeted_modules(model, targets: str) -> dict[str, tuple[int, int]]:
         return {name: layer[name] for name in ATTENTION_MODULES}
     outside = {"lm_head": (model.hidden_size, model.vocab_size)}
     outside["embed_tokens"] = (model.vocab_size, model.hidden_size)
+    # older architectures' names for the same layers (Qwen-1, Baichuan, ChatGLM, Falcon): a
+    # fused q/k/v projection, and names that match a layer in attention and one in the MLP
+    fused_qkv = (model.hidden_size, (model.num_heads + 2 * model.num_kv_heads) * model.head_dim)
     chosen: dict[str, tuple[int, int]] = {}
     for name in (part.strip() for part in targets.split(",")):
         short = name.rsplit(".", 1)[-1]  # PEFT matches a suffix of the module's full name
-        if short in layer:
+        if short in FUSED_QKV_NAMES:
+            chosen["qkv_proj"] = fused_qkv
+        elif short in LAYER_ALIASES and all(a in layer for a in LAYER_ALIASES[short]):
+            chosen.update({alias: layer[alias] for alias in LAYER_ALIASES[short]})
+        elif short in layer:
             chosen[short] = layer[short]
         elif short in outside:
             chosen[short] = outside[short]
@@ -324,7 +340,7 @@ def plain_adapter_step(model, setup, adapter_bytes: int, optimizer: str) -> dict
 # (``aten/src/ATen/native/Dropout.cpp``: ``dropout`` takes the fused kernel on CUDA); on the CPU
 # ``_dropout_impl`` keeps a scaled noise tensor in the input's dtype instead
 CUDA_DROPOUT_MASK_BYTES = 1
-ATTENTION_INPUT_GROUP = ("q_proj", "k_proj", "v_proj")
+ATTENTION_INPUT_GROUP = ("q_proj", "k_proj", "v_proj", "qkv_proj")
 MLP_INPUT_GROUP = ("gate_proj", "up_proj")
 
 
