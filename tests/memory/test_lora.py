@@ -72,8 +72,8 @@ def test_adapter_count_is_peft_trainable_count(targets, peft_targets):
 
 
 def test_unknown_target_is_a_one_line_error():
-    with pytest.raises(ZerofitError, match="lora_targets: 'query_key_value' is no linear layer"):
-        lora.adapter_params(_spec(), 8, "query_key_value")
+    with pytest.raises(ZerofitError, match="lora_targets: 'foo_proj' is no linear layer"):
+        lora.adapter_params(_spec(), 8, "foo_proj")
 
 
 @pytest.mark.parametrize("shape", [(352, 128), (128, 352), (1000, 77)])
