@@ -207,7 +207,7 @@ def test_dequantized_weight_is_the_4bit_matmuls_temporary():
 STEP_SHAPE = dict(
     hidden_size=256,
     intermediate_size=1408,
-    num_hidden_layers=4,
+    num_hidden_layers=2,
     num_attention_heads=4,
     num_key_value_heads=2,
     head_dim=64,
@@ -215,9 +215,7 @@ STEP_SHAPE = dict(
 )
 
 
-# with gradient checkpointing the same step measures 73,523,200 B against 76,456,960 predicted
-# (+4.0 %, the recomputed layer's backward temporaries with a frozen base): not yet within 3 %
-@pytest.mark.parametrize("checkpointing", [False])
+@pytest.mark.parametrize("checkpointing", [False, True])
 def test_a_whole_lora_step_matches_torch(checkpointing):
     """A plain training loop's second step (forward + loss, backward, foreach AdamW) of a peft
     LoRA model (all-linear, r 16, no dropout: CPU dropout's mask differs from CUDA's) in fp32,
@@ -227,7 +225,7 @@ def test_a_whole_lora_step_matches_torch(checkpointing):
 
     from zerofit.models.resolve import spec_from_config
 
-    micro, seq = 4, 256
+    micro, seq = 2, 192
     model = _peft(_model(**STEP_SHAPE), 16, "all-linear", 0.0)
     if checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})

@@ -268,27 +268,14 @@ def activation_bytes(model, setup: TrainSetup, sizes: StepSizes) -> ActivationBy
     compute, residual = sizes.compute_bytes, sizes.residual_bytes
     tokens, sequences = sizes.tokens, sizes.sequences
     batch = act.LayerBatch(sequences, setup.seq_len, setup.attention, residual, setup.padded)
-    stored = act.stored_activation_bytes(model, compute, batch, setup.gradient_checkpointing)
-    # adapters: what one layer and the final norm keep differently (lora.py), and the first
-    # layer's input norm, which keeps nothing when its input needs no grad
-    layer_delta, first_layer, adapter_casts = 0, 0, 0
     if lora.is_adapter(setup):
-        layer_delta = lora.adapter_layer_delta_per_token(model, setup, compute, residual) * tokens
-        final = lora.adapter_final_delta_per_token(model, setup, residual, compute, sizes.loss_path)
-        first_layer = lora.first_layer_saving_per_token(model, setup) * tokens
-        stored += final * tokens
-        if not setup.gradient_checkpointing:
-            stored += model.num_layers * layer_delta - first_layer
-        adapter_casts = lora.adapter_params(model, setup.lora_rank, setup.lora_targets) * compute
+        return adapter_activation_bytes(model, setup, sizes, batch)
+    stored = act.stored_activation_bytes(model, compute, batch, setup.gradient_checkpointing)
     # fp32 weights under autocast: the cast copies live from the forward until autocast exits,
     # and stay saved for backward unless checkpointing drops them (recomputed one layer a time)
     casts = st.autocast_weight_bytes(model, compute) if sizes.weight_bytes > compute else 0
-    if adapter_casts and lora.adapter_element_bytes(setup, compute) > compute:
-        casts += adapter_casts  # autocast's cached casts of the fp32 adapters
-    if setup.finetuning == "qlora":
-        casts = 0  # the 4-bit weights are dequantized per call (lora.dequantized_weight_bytes)
     if setup.gradient_checkpointing:
-        recompute = act.recompute_bytes(model, compute, batch) + layer_delta
+        recompute = act.recompute_bytes(model, compute, batch)
         # the first layer's backward: its recomputed layer and its own saved input (and the
         # padded batch's boolean mask, which that layer's recompute closure still holds)
         last_layer = recompute + residual * model.hidden_size * tokens
@@ -302,8 +289,55 @@ def activation_bytes(model, setup: TrainSetup, sizes: StepSizes) -> ActivationBy
     one_layer = act.one_layer_bytes(
         model, compute, sequences, setup.seq_len, setup.attention, residual, setup.padded
     )
-    last_layer = one_layer + layer_delta - first_layer + temporaries
-    return ActivationBytes(stored, stored + temporaries, last_layer, casts, casts)
+    return ActivationBytes(stored, stored + temporaries, one_layer + temporaries, casts, casts)
+
+
+def adapter_activation_bytes(
+    model, setup: TrainSetup, sizes: StepSizes, batch: act.LayerBatch
+) -> ActivationBytes:
+    """Activations with LoRA / QLoRA adapters: the full fine-tune's layer plus what the adapters
+    and the frozen base change (lora.adapter_layer_delta_per_token, the final norm's
+    adapter_final_delta_per_token, the first layer's input norm when its input needs no grad).
+
+    While the layers' backward runs, the final norm's and the LM head's saved tensors are
+    already freed. A layer's backward holds the grad coming in (one residual-stream tensor) and,
+    at ``down_proj``, the frozen weight's input grad, the adapter's and their sum, while its own
+    product is freed: two intermediate-width tensors beyond the saved ones (measured with the
+    probe's storage tracker, tests/memory/test_lora.py)."""
+    compute, residual, tokens = sizes.compute_bytes, sizes.residual_bytes, sizes.tokens
+    h = model.hidden_size
+    layer_delta = lora.adapter_layer_delta_per_token(model, setup, compute, residual) * tokens
+    loss_path = sizes.loss_path
+    final_delta = lora.adapter_final_delta_per_token(model, setup, residual, compute, loss_path)
+    final = (act.final_bytes_per_token(model, compute, residual) + final_delta) * tokens
+    first_layer = lora.first_layer_saving_per_token(model, setup) * tokens
+    one_layer = act.one_layer_bytes(
+        model, compute, batch.micro_batch, batch.seq_len, batch.attention, residual, batch.padded
+    )
+    temporaries = (residual * h + 2 * compute * model.intermediate_size) * tokens
+    casts = st.autocast_weight_bytes(model, compute) if sizes.weight_bytes > compute else 0
+    if casts and lora.adapter_element_bytes(setup, compute) > compute:
+        trainable = lora.adapter_params(model, setup.lora_rank, setup.lora_targets)
+        casts += trainable * compute  # autocast's cached casts of the fp32 adapters
+    if setup.finetuning == "qlora":
+        casts = 0  # the 4-bit weights are dequantized per call (lora.dequantized_weight_bytes)
+    stored = act.stored_activation_bytes(model, compute, batch, setup.gradient_checkpointing)
+    stored += final_delta * tokens
+    if not setup.gradient_checkpointing:
+        stored += model.num_layers * layer_delta - first_layer
+        last_layer = one_layer + layer_delta - first_layer + temporaries
+        return ActivationBytes(stored, stored - final + temporaries, last_layer, casts, casts)
+    recompute = one_layer + layer_delta + temporaries
+    if residual == act.FP32:
+        # fp32 norms: ``x.to(torch.float32)`` returns the layer's input itself, the checkpoint
+        recompute -= act.FP32 * h * tokens
+    last_layer = recompute + residual * h * tokens
+    if setup.padded:
+        last_layer += act.padding_mask_bytes(batch.micro_batch, batch.seq_len, batch.attention)
+    lm_head = model.vocab_size * h
+    casts_in_backward = (lm_head + st.layer_params(model)) * compute if casts else 0
+    in_backward = stored - final + recompute
+    return ActivationBytes(stored, in_backward, last_layer, casts, casts_in_backward)
 
 
 def estimate_memory(model, setup: TrainSetup) -> MemoryEstimate:
