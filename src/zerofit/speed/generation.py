@@ -27,6 +27,13 @@ Completions are taken to run to ``completion_len``: transformers' ``generate`` k
 until every sequence of the batch has ended, and a GRPO batch nearly always holds one that has
 not. Fitted numbers are named below with the public rows they came from; the rest are datasheet
 ratios.
+
+Not modeled: what a DeepSpeed engine adds to generation on the same GPU. TRL 1.16's GRPO step
+(tests/data/mem_h100_qwen2.5-0.5b.md) takes 5.53 s plain, 9.67 s under ZeRO-2 and 13.96 s under
+ZeRO-3 on one H100; this model predicts 5.5, 5.5 and 6.0 s. benchmarks/ds_generate_overhead.py
+on one H200 (same shape) found generation of the 64 x 256 batch 4.9-6.5 s plain, 6.4-7.5 s from a
+ZeRO-2 engine's module and 7.8-9.1 s under ZeRO-3 with TRL's gather, and a training micro step
+0.08 / 0.21 / 0.32 s: part of the gap, with no mechanism found yet.
 """
 
 from __future__ import annotations
