@@ -13,6 +13,13 @@ the Trainer's config processing + finalisation (what it does before building the
 and DeepSpeed's config class instead. Cells that are not meant to work (e.g. "auto" under plain
 DeepSpeed, explicit bf16 under a Trainer run without --bf16) must fail for real AND be reported by
 `zerofit check` for that client, with the fix. Each cell is its own test below: none is skipped.
+
+The accelerate cells with a DeepSpeed config also hold what the engine got: world 2, the batch
+arithmetic (explicit numbers unchanged, a preset's "auto" filled from the DataLoader), bf16 or
+fp32 weights as configured, and DeepSpeedCPUAdam where the optimizer is offloaded. They run in
+this one job with the environment `accelerate launch` derives from the YAML (accelerate's own
+launcher functions); the `accelerate launch` command itself runs the recipes on generated configs
+and the shipped presets (tests/recipes/test_*_run.py, test_readme_commands.py).
 """
 
 from __future__ import annotations
@@ -148,6 +155,20 @@ def build_cells(root: Path) -> list[dict]:
                 cwd=str(root),
             )
         )
+    # fp32 (no bf16 block): the engine trains fp32 weights; run from the repository root, away
+    # from the files (the YAML names its JSON absolutely)
+    fp32 = _generated(root, "explicit_s2_fp32", flavour="explicit", stage=2, precision="fp32")
+    cells.append(
+        _cell(
+            "explicit s2 fp32 | accelerate loop (yaml)",
+            "accelerate",
+            stage=2,
+            yaml=str(fp32 / "accelerate.yaml"),
+            precision="fp32",
+            accum=2,
+            cwd=str(REPO),
+        )
+    )
     for name in ("s2", "s2_cpu", "s3"):
         out = _generated(
             root,
@@ -311,6 +332,28 @@ def _ids() -> list[str]:
         return [c["id"] for c in build_cells(Path(tmp))]
 
 
+def _optimizer_with_offload(cell_id: str) -> str:
+    """The optimizer that steps: DeepSpeedCPUAdam where the config offloads it (the `_cpu`
+    variants), torch's AdamW otherwise."""
+    return "DeepSpeedCPUAdam" if "_cpu" in cell_id else "AdamW"
+
+
+def _assert_accelerate_engine(cell: dict, result: dict) -> None:
+    """What the DeepSpeed engine got under `accelerate launch`'s environment: the batch
+    arithmetic (explicit numbers unchanged; a preset's "auto" filled from the DataLoader's batch,
+    accumulation 1), bf16 weights only under bf16, and DeepSpeedCPUAdam in place of the loop's
+    torch AdamW where the optimizer is offloaded (accelerate's zero_force_ds_cpu_optimizer)."""
+    micro, accum = cell["micro"], cell["accum"]
+    assert result["world"] == WORLD, result
+    assert (result["train_batch_size"], result["micro"], result["accum"]) == (
+        micro * accum * WORLD,
+        micro,
+        accum,
+    ), result
+    assert result["dtype"] == ("torch.bfloat16" if result["bf16"] else "torch.float32"), result
+    assert result["optimizer"] == _optimizer_with_offload(cell["id"]), result
+
+
 @pytest.mark.parametrize("cell_id", _ids())
 def test_cell(matrix, cell_id):
     cells, log = matrix
@@ -333,8 +376,9 @@ def test_cell(matrix, cell_id):
         else:
             assert result["global_steps"] == 2, result
         if cell["client"] == "deepspeed" and cell.get("optimizer") == "block":
-            offload = "_cpu" in cell_id
-            assert result["optimizer"] == ("DeepSpeedCPUAdam" if offload else "AdamW")
+            assert result["optimizer"] == _optimizer_with_offload(cell_id)
+        if cell["client"] == "accelerate" and cell["stage"] > 0:
+            _assert_accelerate_engine(cell, result)
         return
     if cell["expect"] == "ok-on-gpu":
         import torch

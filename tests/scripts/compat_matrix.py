@@ -267,7 +267,13 @@ def run_accelerate(cell: dict, out: str, model_dir: str) -> dict:
             "fp16": accelerator.mixed_precision == "fp16",
             "optimizer": type(optimizer.optimizer).__name__,
         }
-    return dict(engine_facts(model), loss=value)
+    # the world accelerate saw and the dtype the engine trains its weights in
+    return dict(
+        engine_facts(model),
+        loss=value,
+        world=accelerator.num_processes,
+        dtype=str(next(model.parameters()).dtype),
+    )
 
 
 def run_deepspeed(cell: dict, out: str, model_dir: str) -> dict:
