@@ -266,3 +266,79 @@ def test_a_whole_lora_step_matches_torch(checkpointing):
     print(f"LoRA step ckpt={checkpointing}: measured {measured:,} predicted {est.peak_bytes:,} "
           f"({est.phase}, {error:+.2%}); full fine-tune {full.peak_bytes:,}")
     assert est.peak_bytes == pytest.approx(measured, rel=0.03)
+
+
+def test_trl_sft_trainer_lora_step_matches_the_estimate(tmp_path):
+    """``SFTTrainer.train()`` of TRL 1.16 for two steps with a ``peft_config`` (all-linear, r 16,
+    no dropout: CPU dropout keeps a noise tensor where CUDA keeps a boolean mask) and TRL's own
+    defaults otherwise: the model loaded by path in fp32, bf16 autocast, gradient checkpointing
+    with ``enable_input_require_grads``, fp32 adapters, the fused LM head, rows padded to the
+    longest of each batch. The estimate (stage 0, hf stack, weights fp32, loss trl_fused) is
+    within 3 % of the measured peak once the head's CPU fallback tiles are set aside, as for the
+    full fine-tune (tests/memory/test_real_clients.py)."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("trl")
+    from conftest import write_tiny_model_dir
+    from peft import LoraConfig
+    from test_real_clients import (
+        _measured_peak,
+        _trl_defaults,
+        _trl_trainer,
+        _two_quiet_cpu_steps,
+        _words,
+    )
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from trl import SFTConfig, SFTTrainer
+
+    from zerofit.models.resolve import spec_from_config
+
+    seq, micro = 256, 2
+    shape = {**SHAPE, **STEP_SHAPE}
+    model_dir = write_tiny_model_dir(tmp_path / "model", vocab_size=shape["vocab_size"])
+    torch.manual_seed(0)
+    config = AutoConfig.for_model("qwen2", attn_implementation="sdpa", use_cache=False, **shape)
+    AutoModelForCausalLM.from_config(config).save_pretrained(model_dir)
+    rows = [{"text": _words(seq + 64 if k % 2 == 0 else 150 + 20 * k, k)} for k in range(2 * micro)]
+    args = SFTConfig(**_two_quiet_cpu_steps(tmp_path / "out", micro), max_length=seq)
+    peft_config = LoraConfig(r=16, target_modules="all-linear", lora_dropout=0.0)
+    trainer = _trl_trainer(SFTTrainer, model_dir, args, rows, peft_config=peft_config)
+    assert args.gradient_checkpointing and args.bf16
+    measured = _measured_peak(trainer, trainer.model)
+
+    setup = dataclasses.replace(
+        _trl_defaults("sft", micro, seq), finetuning="lora", lora_rank=16, lora_dropout=0.0
+    )
+    est = estimate_memory(spec_from_config({**shape, "model_type": "qwen2"}, "probe"), setup)
+    tiles = _frozen_head_fallback_tiles(micro * seq - micro, shape["vocab_size"], est)
+    error = est.peak_bytes / (measured - tiles) - 1
+    assert est.loss_path == "trl_fused"
+    print(f"SFTTrainer LoRA: measured {measured:,}, CPU fallback tiles {tiles:,}; predicted "
+          f"{est.peak_bytes:,} ({est.phase}, {error:+.2%})")
+    assert est.peak_bytes == pytest.approx(measured - tiles, rel=0.03)
+
+
+def _frozen_head_fallback_tiles(tokens: int, vocab: int, est) -> int:
+    """Bytes TRL's fused head holds on a CPU beyond what the estimate counts for it (a frozen
+    head): its torch fallback (``_forward_tile`` / ``_backward_tile``) works on whole fp32
+    ``[N, V]`` tiles that the Triton kernel of a GPU keeps in registers. Measured by running the
+    head alone, forward and backward, with a frozen weight: its peak minus the estimate's loss
+    term (the hidden states' gathered copy, the matmul buffer, per-token statistics and the fp32
+    input-grad accumulator with its cast)."""
+    import torch
+    from trl.kernels.chunked_logprob import ChunkedLogProbFunction
+
+    from zerofit.memory.losses import TRL_VOCAB_CHUNK
+
+    hidden = STEP_SHAPE["hidden_size"]
+    states = torch.randn(tokens, hidden, dtype=torch.bfloat16, requires_grad=True)
+    weight = torch.randn(vocab, hidden, dtype=torch.bfloat16)
+    targets = torch.randint(0, vocab, (tokens,))
+    tracker = _storage_tracker()
+    tracker.track_existing([states, weight])
+    with tracker:
+        outputs = ChunkedLogProbFunction.apply(
+            states, weight, None, targets, 1.0, TRL_VOCAB_CHUNK, None, 1.0,
+            ("log_probs", "entropy", "is_top1"),
+        )
+        outputs[0].sum().backward()
+    return tracker.peak - est.breakdown["logits"]

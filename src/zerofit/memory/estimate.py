@@ -315,18 +315,14 @@ def adapter_activation_bytes(
         model, compute, batch.micro_batch, batch.seq_len, batch.attention, residual, batch.padded
     )
     temporaries = (residual * h + 2 * compute * model.intermediate_size) * tokens
-    casts = st.autocast_weight_bytes(model, compute) if sizes.weight_bytes > compute else 0
-    if casts and lora.adapter_element_bytes(setup, compute) > compute:
-        trainable = lora.adapter_params(model, setup.lora_rank, setup.lora_targets)
-        casts += trainable * compute  # autocast's cached casts of the fp32 adapters
-    if setup.finetuning == "qlora":
-        casts = 0  # the 4-bit weights are dequantized per call (lora.dequantized_weight_bytes)
+    casts, casts_in_backward = _adapter_autocast_casts(model, setup, sizes)
     stored = act.stored_activation_bytes(model, compute, batch, setup.gradient_checkpointing)
     stored += final_delta * tokens
     if not setup.gradient_checkpointing:
         stored += model.num_layers * layer_delta - first_layer
         last_layer = one_layer + layer_delta - first_layer + temporaries
-        return ActivationBytes(stored, stored - final + temporaries, last_layer, casts, casts)
+        in_backward = stored - final + temporaries
+        return ActivationBytes(stored, in_backward, last_layer, casts, casts_in_backward)
     recompute = one_layer + layer_delta + temporaries
     if residual == act.FP32:
         # fp32 norms: ``x.to(torch.float32)`` returns the layer's input itself, the checkpoint
@@ -334,10 +330,32 @@ def adapter_activation_bytes(
     last_layer = recompute + residual * h * tokens
     if setup.padded:
         last_layer += act.padding_mask_bytes(batch.micro_batch, batch.seq_len, batch.attention)
-    lm_head = model.vocab_size * h
-    casts_in_backward = (lm_head + st.layer_params(model)) * compute if casts else 0
     in_backward = stored - final + recompute
     return ActivationBytes(stored, in_backward, last_layer, casts, casts_in_backward)
+
+
+def _adapter_autocast_casts(model, setup: TrainSetup, sizes: StepSizes) -> tuple[int, int]:
+    """Autocast's compute-dtype copies of fp32 weights with adapters, at the forward's end and
+    in backward. Autocast caches casts of leaf tensors that require grad
+    (``aten/src/ATen/autocast_mode.cpp:cached_cast``): the adapters' stay until autocast exits.
+    A frozen weight's cast is made per call and kept only as the matmul's saved tensor (its
+    input's gradient needs it): every layer's without checkpointing; with it, the LM head's,
+    and in backward also the recomputed layer's. A 4-bit base is dequantized per call instead
+    (lora.dequantized_weight_bytes)."""
+    compute = sizes.compute_bytes
+    adapters = 0
+    if setup.without_deepspeed and lora.adapter_element_bytes(setup, compute) > compute:
+        if setup.precision != "fp32":
+            trainable = lora.adapter_params(model, setup.lora_rank, setup.lora_targets)
+            adapters = trainable * compute
+    if sizes.weight_bytes <= compute or setup.finetuning == "qlora":
+        return adapters, adapters
+    if not setup.gradient_checkpointing:
+        casts = adapters + st.autocast_weight_bytes(model, compute)
+        return casts, casts
+    lm_head = model.vocab_size * model.hidden_size * compute
+    linear = sum(fan_in * fan_out for fan_in, fan_out in lora.layer_linear_shapes(model).values())
+    return adapters + lm_head, adapters + lm_head + linear * compute
 
 
 def estimate_memory(model, setup: TrainSetup) -> MemoryEstimate:
@@ -349,6 +367,7 @@ def estimate_memory(model, setup: TrainSetup) -> MemoryEstimate:
     activations = activation_bytes(model, setup, sizes)
     backward, step = _gradient_buffers(model, setup, sizes)
     loss_bytes = losses.train_loss_bytes(sizes.loss_path, model, compute, sizes.logit_tokens)
+    loss_bytes -= _frozen_head_grad_bytes(model, setup, sizes)
     phases: dict[str, dict[str, int]] = {}
     phases["forward"] = {
         **resident,
@@ -402,6 +421,22 @@ def _live_params(model, setup: TrainSetup, sizes: StepSizes) -> int:
         live = math.ceil(live * lora.frozen_base_bytes(model, setup, sizes.compute_bytes) / full)
         live = live * setup.world_size if setup.quant_storage == "compute" else live
     return live
+
+
+def _frozen_head_grad_bytes(model, setup: TrainSetup, sizes: StepSizes) -> int:
+    """What the fused loss paths do not allocate for a frozen LM head (adapters that leave it
+    out): TRL's head accumulates its weight's grad in fp32 and casts it only when the weight
+    needs a grad (``trl/kernels/chunked_logprob.py`` ``ChunkedLogProbFunction.backward``:
+    ``needs_input_grad``), Liger's ``grad_weight`` likewise (``losses.train_loss_bytes`` counts
+    both for a trained head)."""
+    if not lora.is_adapter(setup) or "lm_head" in lora.targeted_modules_names(setup.lora_targets):
+        return 0
+    head = model.vocab_size * model.hidden_size
+    if sizes.loss_path == "trl_fused":
+        return head * (act.FP32 + sizes.compute_bytes)
+    if sizes.loss_path == "liger":
+        return head * sizes.compute_bytes
+    return 0
 
 
 def _gradient_buffers(model, setup: TrainSetup, sizes: StepSizes) -> tuple[dict, dict]:
