@@ -413,3 +413,42 @@ def suggest_other_hardware(inputs: PlanInputs, least_bad: Candidate) -> list[str
         f"a GPU with at least {gib(least_bad.need_gib / headroom)} of memory, "
         f"e.g. {bigger[0].key}, fits {least_bad.label()}"
     ]
+
+
+# --- adapters instead of a full fine-tune -----------------------------------------------------
+def adapters_hint(full_plan) -> str | None:
+    """What LoRA and QLoRA (the answers' rank, targets and dropout) would give on the same GPUs
+    when a full fine-tune does not fit or fits only with offload: each one's stage, micro batch,
+    spare memory and step time, planned by the same search (memory/lora.py). None otherwise."""
+    answers = full_plan.answers
+    offloaded = "cpu" in (full_plan.offload_optimizer, full_plan.offload_param) or "nvme" in (
+        full_plan.offload_optimizer,
+        full_plan.offload_param,
+    )
+    if answers.finetuning != "full" or (full_plan.fits and not offloaded):
+        return None
+    from zerofit.planning.plan import plan
+
+    words = []
+    for finetuning in ("lora", "qlora"):
+        adapter = plan(answers.replace(finetuning=finetuning))
+        name = "LoRA" if finetuning == "lora" else "QLoRA"
+        words.append(f"{name} {_adapter_plan_words(adapter)}")
+    why = "does not fit" if not full_plan.fits else "fits only with offload"
+    return (
+        f"note: the full fine-tune {why}; with --finetuning (rank {answers.lora_rank}, "
+        f"{answers.lora_targets}): " + "; ".join(words)
+    )
+
+
+def _adapter_plan_words(adapter_plan) -> str:
+    """'fits: ZeRO-2, micro 4, 6.1 GiB spare, 1.2 s/step' or 'does not fit either (...)'."""
+    where = f"ZeRO-{adapter_plan.stage}"
+    if adapter_plan.offload_optimizer != "none" or adapter_plan.offload_param != "none":
+        where += f", offload {adapter_plan.offload_optimizer}/{adapter_plan.offload_param}"
+    where += f", micro {adapter_plan.micro_batch}"
+    if not adapter_plan.fits:
+        return f"does not fit either ({where} needs {gib(adapter_plan.gpu_need_gib)}/GPU)"
+    step = getattr(adapter_plan, "step_time_s", None)
+    speed = f", {step:.2f} s/step" if step else ""
+    return f"fits: {where}, {gib(adapter_plan.spare_gib)} spare{speed}"

@@ -141,4 +141,9 @@ def render_notes(plan: Plan) -> list[str]:
     hint = fused_head_hint(plan)
     if hint:
         lines.append(hint)
+    from zerofit.planning.reasons import adapters_hint
+
+    adapters = adapters_hint(plan)
+    if adapters:
+        lines.append(adapters)
     return lines
