@@ -1,8 +1,10 @@
-"""zerofit's OOM verdict against public reports of real full fine-tunes.
+"""zerofit's OOM verdict against public reports of real full fine-tunes, LoRA and QLoRA runs.
 
 The reports are tests/data/public_reports.jsonl (the set the estimator was developed against)
 and the held-out reports tests/data/public_reports_holdout.jsonl (collected later by people who
-did not run the estimator, to judge it on reports it was not built on). Each held-out record's
+did not run the estimator, to judge it on reports it was not built on); the LoRA / QLoRA runs
+are tests/data/public_reports_lora.jsonl, scored the same way (its GPTQ, AWQ and int8 bases are
+listed as not evaluable: memory/lora.py models 16-bit and NF4 bases). Each held-out record's
 ``collected`` field numbers the batch it came in (1 first); each batch is a set of its own, and
 each set gets its own confusion matrix.
 
@@ -63,7 +65,13 @@ sys.path.insert(0, str(ROOT / "src"))  # the checkout's zerofit, not an older in
 #   what the caching allocator held at most, no CUDA context; compared with the peak plus the
 #   allocator fragmentation zerofit counts. On a GPU with room to spare the cache keeps freed
 #   blocks, so a reserved figure above the prediction is not by itself a miss either.
-MEASURED_KINDS = ("alloc_lower_bound", "device_used", "reserved")
+# - allocated: torch.cuda.max_memory_allocated() as a recipe table reports it (torchtune's
+#   "peak memory"): compared with the peak itself.
+MEASURED_KINDS = ("alloc_lower_bound", "device_used", "reserved", "allocated")
+# the LoRA reports' ``quantization`` (tests/data/public_reports_lora.md): none (16-bit base) and
+# nf4 (bitsandbytes, QLoRA) are what memory/lora.py models; GPTQ, AWQ and int8 bases are not
+LORA_REPORTS = ROOT / "tests" / "data" / "public_reports_lora.jsonl"
+MODELLED_QUANTIZATION = ("none", "nf4")
 VERDICT_RULE = (
     "fits = the GPU holds peak + allocator + NCCL + CUDA context + vLLM + safety "
     "margin within its memory, and the offload buffers fit the node's RAM only where "
@@ -134,6 +142,14 @@ def estimate_report(
     from zerofit.errors import ZerofitError
 
     data, dropped = answers_dict(report, known, proxies)
+    quantization = report["answers"].get("quantization", "none")
+    if quantization not in MODELLED_QUANTIZATION:
+        # a GPTQ / AWQ / int8 base: its packed weights and kernels are not in the memory model
+        return {
+            "status": "error",
+            "error": f"quantization: {quantization} is not modelled (fix: none, or nf4 as QLoRA)",
+            "dropped": dropped,
+        }
     ds_path = None
     if "ds_config" in report:
         ds_path = tmpdir / f"{report['id']}.ds_config.json"
@@ -178,7 +194,7 @@ def measured_error(report: dict, pred: dict) -> dict | None:
     if "measured_gib" not in report or pred["status"] != "ok":
         return None
     kind = report["measured_kind"]
-    if kind == "alloc_lower_bound":
+    if kind in ("alloc_lower_bound", "allocated"):
         predicted = pred["peak_gib"]
     elif kind == "reserved":
         predicted = round(pred["peak_gib"] + pred["allocator_gib"], 3)
@@ -503,7 +519,7 @@ def main(argv: list[str] | None = None) -> int:
         type=Path,
         action="append",
         help="a reports file (JSONL), one set per collected batch; repeat for several (default: "
-        "the main and held-out sets)",
+        "the main, held-out and LoRA sets)",
     )
     parser.add_argument(
         "--gpu-proxies",
@@ -513,7 +529,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     proxies = GPU_PROXIES if args.gpu_proxies else None
     results = {}
-    for path in args.data or [DATA, HOLDOUT]:
+    for path in args.data or [DATA, HOLDOUT, LORA_REPORTS]:
         for name, reports in report_sets(path).items():
             results[name] = evaluate(reports, proxies)
     summary = together(results) if len(results) > 1 else None
