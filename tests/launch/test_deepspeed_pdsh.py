@@ -71,6 +71,13 @@ def test_deepspeed_launcher_over_pdsh_trains_on_two_hosts(
         "GLOO_SOCKET_IFNAME=zfeth0\n" in env_file
         and f"ACCELERATE_DEEPSPEED_CONFIG_FILE={ds_json}\n" in env_file
     )
+    # The ranks load DeepSpeed's shm comm op as every other launch of the suite does: from the
+    # venv's TORCH_EXTENSIONS_DIR, built by the same ninja (another ninja rebuilds it, ~1 min).
+    # pdsh's login shell has neither, so they go into .deepspeed_env, where a user puts theirs.
+    with open(project / "ds" / ".deepspeed_env", "a") as extra:
+        if os.environ.get("TORCH_EXTENSIONS_DIR"):
+            extra.write(f"TORCH_EXTENSIONS_DIR={os.environ['TORCH_EXTENSIONS_DIR']}\n")
+        extra.write(f"PATH={tool_path}\n")
 
     elsewhere = tmp_path / "elsewhere"  # launch.sh finds its hostfile and the project from anywhere
     elsewhere.mkdir()
