@@ -342,3 +342,68 @@ def _frozen_head_fallback_tiles(tokens: int, vocab: int, est) -> int:
         )
         outputs[0].sum().backward()
     return tracker.peak - est.breakdown["logits"]
+
+
+def _seven_b(**changes) -> TrainSetup:
+    return TrainSetup(
+        stack="hf", world_size=4, gpus_per_node=4, gradient_checkpointing=True, **changes
+    )
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_zero_partitions_the_adapters_and_only_stage_3_the_base(stage):
+    """ZeRO-1/2 partition the trainable states only: the frozen base is a full replica on every
+    GPU; ZeRO-3 shards it. The adapters' master and Adam states are their partition."""
+    from memory_shapes import QWEN25_7B
+
+    setup = _seven_b(stage=stage, finetuning="lora")
+    est = estimate_memory(QWEN25_7B, setup)
+    base = QWEN25_7B.params * 2
+    trainable = lora.adapter_params(QWEN25_7B, 16, "all-linear")
+    resident = lora.adapter_resident_states(QWEN25_7B, setup, 2, {})
+    assert resident["frozen_params"] == (base if stage < 3 else -(-base // 4))
+    assert resident["master_fp32"] == -(-trainable // 4) * 4
+    assert resident["optimizer_states"] == -(-trainable // 4) * 8
+    assert est.peak_bytes < estimate_memory(QWEN25_7B, _seven_b(stage=stage)).peak_bytes
+
+
+def test_qlora_base_is_sharded_under_zero3_only_with_matching_storage():
+    from memory_shapes import QWEN25_7B
+
+    sharded = _seven_b(stage=3, finetuning="qlora")
+    whole = dataclasses.replace(sharded, quant_storage="uint8")
+    full_base = lora.frozen_base_bytes(QWEN25_7B, whole, 2)
+    assert lora.frozen_base_bytes(QWEN25_7B, sharded, 2) == -(-full_base // 4)
+    # 6.53B quantized weights at ~0.51 byte, 1.09B embedding and head weights in bf16
+    assert 5.4e9 < full_base < 5.7e9
+
+
+def test_adapter_dpo_reference_is_the_base_with_adapters_disabled():
+    """TRL given a PEFT model and no ref_model: no second copy of the weights, but the
+    reference forward and its logits still run."""
+    from memory_shapes import QWEN25_7B
+
+    full = estimate_memory(QWEN25_7B, _seven_b(stage=2, workload="dpo"))
+    adapters = estimate_memory(QWEN25_7B, _seven_b(stage=2, workload="dpo", finetuning="lora"))
+    assert "reference" in adapters.phases and "reference" in full.phases
+    assert full.breakdown.get("reference_model") or full.phases["reference"]
+    resident = lora.adapter_resident_states(QWEN25_7B, _seven_b(stage=2), 2, {})
+    assert "reference_model" not in resident
+
+
+def test_full_fine_tune_estimates_are_unchanged_by_the_adapter_fields():
+    """The adapter fields are ignored for finetuning full (defaults keep every estimate)."""
+    from memory_shapes import QWEN25_7B
+
+    plain = estimate_memory(QWEN25_7B, _seven_b(stage=2))
+    other = estimate_memory(QWEN25_7B, _seven_b(stage=2, lora_rank=64, lora_dropout=0.0))
+    assert plain == other
+
+
+def test_offloaded_optimizer_holds_only_the_adapters_on_the_host():
+    from memory_shapes import QWEN25_7B
+
+    setup = _seven_b(stage=2, offload_optimizer="cpu", finetuning="lora")
+    lora_host = estimate_memory(QWEN25_7B, setup).cpu_bytes
+    full_host = estimate_memory(QWEN25_7B, dataclasses.replace(setup, finetuning="full")).cpu_bytes
+    assert 0 < lora_host < full_host / 50

@@ -165,3 +165,30 @@ def test_choices_are_the_literal_types():
     for name, choices in CHOICES.items():
         for choice in choices:
             Answers(**{name: choice, "nvme_path": "/nvme", "workload": "dpo"})
+
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        ({"finetuning": "lorA"}, "finetuning: 'lorA' is not allowed (fix: use one of full, lora"),
+        ({"lora_rank": 0}, "lora_rank: 0 must be a positive integer"),
+        ({"lora_rank": 8192}, "lora_rank: 8192 is above the limit of 4096"),
+        ({"lora_dropout": 1.0}, "lora_dropout: 1.0 is out of range (fix: use a probability"),
+        ({"lora_dropout": -0.1}, "lora_dropout: -0.1 is out of range"),
+        ({"lora_targets": "q_proj,,v_proj"}, "lora_targets: '' is not a module name"),
+        ({"lora_targets": "q-proj"}, "lora_targets: 'q-proj' is not a module name"),
+    ],
+)
+def test_lora_answers_are_checked_in_one_line(changes, message):
+    """The adapter answers (memory/lora.py owns the choices and the targets' spelling)."""
+    with pytest.raises(ZerofitError) as err:
+        Answers(**changes)
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_lora_defaults_are_trl_model_config_and_round_trip():
+    """rank 16, dropout 0.05 (TRL's ModelConfig), all-linear; answers.yaml keeps them."""
+    answers = Answers(finetuning="qlora", lora_targets="q_proj,v_proj")
+    assert (answers.lora_rank, answers.lora_dropout) == (16, 0.05)
+    assert Answers().finetuning == "full" and Answers().lora_targets == "all-linear"
+    assert load_answers(render_answers(answers)) == answers
