@@ -29,7 +29,6 @@ from recipe_runs import (
     load_recipe,
     one_line_error,
     read_metrics,
-    reload_in_new_process,
     save_tiny_model,
 )
 
@@ -91,18 +90,16 @@ def test_zero3_sft_lora_adapter_checkpoints_resume_and_gathered_adapter(tiny, tm
     replayed = read_metrics(out)
     assert replayed[2]["loss"] == pytest.approx(first[2]["loss"], abs=1e-6)
 
-    check = (
-        "from transformers import AutoModelForCausalLM as M; import torch\n"
-        f"m = M.from_pretrained({str(out / 'final')!r})\n"
-        f"b = M.from_pretrained({str(tiny['model'])!r})\n"
-        "ids = torch.tensor([[5, 6, 7, 8]])\n"
-        "print('DIFF', (m(ids).logits - b(ids).logits).abs().max().item())"
-    )
-    shown = subprocess.run(
-        [sys.executable, "-c", check], capture_output=True, text=True, timeout=120
-    )
-    assert shown.returncode == 0, shown.stderr[-2000:]
-    assert float(shown.stdout.split("DIFF")[1]) > 1e-5  # the adapter loads on its base and acts
+    # the adapter loads on its base (in this process: no distributed state here) and acts
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(tiny["model"])
+    ids = torch.tensor([[5, 6, 7, 8]])
+    with torch.no_grad():
+        before = base(ids).logits
+        tuned = PeftModel.from_pretrained(base, out / "final")(ids).logits
+    assert (tuned - before).abs().max() > 1e-5
 
 
 def base_reference_logprobs(tiny, steps: int) -> list[tuple[float, float]]:
@@ -145,7 +142,12 @@ def test_zero2_dpo_lora_reference_is_the_base_and_merged_save(tiny, tmp_path):
         assert row["ref_logp_chosen"] == pytest.approx(chosen, rel=1e-4), row["step"]
         assert row["ref_logp_rejected"] == pytest.approx(rejected, rel=1e-4), row["step"]
     assert not (out / "final" / "adapter_config.json").exists()
-    assert reload_in_new_process(out / "final", tiny["model"]) > 1e-5  # a full, changed model
+    from transformers import AutoModelForCausalLM
+
+    merged = AutoModelForCausalLM.from_pretrained(out / "final").state_dict()
+    base = AutoModelForCausalLM.from_pretrained(tiny["model"]).state_dict()
+    assert set(merged) == set(base)  # a plain model's weights, no peft names
+    assert max((merged[k] - base[k]).abs().max() for k in base) > 1e-5  # the adapter merged in
 
 
 def test_qlora_grpo_single_process_on_cpu(tiny, tmp_path):
