@@ -166,6 +166,9 @@ JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
 JobCompType=jobcomp/none
 SchedulerType=sched/backfill
+# a pending job whose begin time passed (a requeued job, cred_expire after its requeue) starts at
+# the next scheduling pass: every second here, not every 30 s (backfill) / 60 s (main loop)
+SchedulerParameters=bf_interval=1,sched_interval=1
 SelectType=select/cons_tres
 MpiDefault=none
 ReturnToService=2
