@@ -407,3 +407,96 @@ def test_offloaded_optimizer_holds_only_the_adapters_on_the_host():
     lora_host = estimate_memory(QWEN25_7B, setup).cpu_bytes
     full_host = estimate_memory(QWEN25_7B, dataclasses.replace(setup, finetuning="full")).cpu_bytes
     assert 0 < lora_host < full_host / 50
+
+
+def _qlora_model(tmp_path):
+    """The step shape saved, then loaded by transformers with QLoRA's BitsAndBytesConfig (NF4,
+    double quantization) on the CPU, fp32 compute, as bitsandbytes 0.50 allows."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("bitsandbytes")
+    from transformers import AutoConfig, AutoModelForCausalLM, BitsAndBytesConfig
+
+    shape = {**SHAPE, **STEP_SHAPE}
+    torch.manual_seed(0)
+    config = AutoConfig.for_model("qwen2", attn_implementation="sdpa", use_cache=False, **shape)
+    AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path / "model")
+    quantization = BitsAndBytesConfig(
+        load_in_4bit=True,
+        bnb_4bit_quant_type="nf4",
+        bnb_4bit_use_double_quant=True,
+        bnb_4bit_compute_dtype=torch.float32,
+    )
+    model = AutoModelForCausalLM.from_pretrained(
+        tmp_path / "model", quantization_config=quantization, device_map="cpu", dtype=torch.float32
+    )
+    return model.train()  # from_pretrained returns eval mode, where checkpointing is off
+
+
+def _param_bytes(model) -> int:
+    """Every parameter's bytes, with a 4-bit weight's quantization state."""
+    total = 0
+    for param in model.parameters():
+        total += param.numel() * param.element_size()
+        state = getattr(param, "quant_state", None)
+        if state is not None:
+            for t in (state.absmax, state.code, state.offset, state.state2.absmax):
+                total += t.numel() * t.element_size()
+            total += state.state2.code.numel() * state.state2.code.element_size()
+    return total
+
+
+# a long micro batch (activation grads outweigh the dequantized weight) and a short one (the
+# dequantized down_proj weight sets the backward's peak)
+@pytest.mark.parametrize("micro, seq", [(2, 192), (1, 32)])
+def test_a_whole_qlora_step_matches_torch(tmp_path, micro, seq):
+    """transformers' own 4-bit loading (Linear4bit in every decoder linear layer, the embedding,
+    norms and LM head unquantized) holds exactly lora.frozen_base_bytes; a plain loop's second
+    step of peft adapters on it (all-linear, r 16, no dropout, gradient checkpointing with input
+    grads, as peft's prepare_model_for_kbit_training sets it) is within 3 % of the estimate."""
+    torch = pytest.importorskip("torch")
+    from memory_probe import fp32_kernels_for_emulated_bf16
+
+    from zerofit.models.resolve import spec_from_config
+
+    base = _qlora_model(tmp_path)
+    spec = spec_from_config({**SHAPE, **STEP_SHAPE, "model_type": "qwen2"}, "probe")
+    setup = TrainSetup(
+        stage=0,
+        stack="accelerate",
+        precision="fp32",
+        weights_dtype="fp32",
+        micro_batch=micro,
+        seq_len=seq,
+        gradient_checkpointing=True,
+        optimizer="adamw_torch",
+        finetuning="qlora",
+        lora_dropout=0.0,
+    )
+    assert _param_bytes(base) == lora.frozen_base_bytes(spec, setup, 4)
+    model = _peft(base, 16, "all-linear", 0.0)
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.enable_input_require_grads()
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], foreach=True)
+    ids = torch.randint(0, STEP_SHAPE["vocab_size"], (micro, seq))
+
+    def step():
+        model(input_ids=ids, labels=ids).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    step()
+    tracker = _storage_tracker()
+    states = [t for state in optimizer.state.values() for t in state.values()]
+    tracker.track_existing([*model.parameters(), *states])
+    for param in model.parameters():
+        state = getattr(param, "quant_state", None)
+        if state is not None:
+            extra = [state.absmax, state.code, state.offset, state.state2.absmax]
+            tracker.track_existing([*extra, state.state2.code])
+    with fp32_kernels_for_emulated_bf16(), tracker:
+        step()
+    est = estimate_memory(spec, setup)
+    error = est.peak_bytes / tracker.peak - 1
+    print(f"QLoRA step: measured {tracker.peak:,} predicted {est.peak_bytes:,} ({est.phase}, "
+          f"{error:+.2%}) {est.breakdown}")
+    assert est.peak_bytes == pytest.approx(tracker.peak, rel=0.03)

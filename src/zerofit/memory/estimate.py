@@ -542,7 +542,8 @@ def _adapter_backward(
     (lora.dequantized_weight_bytes)."""
     compute = DTYPE_BYTES[setup.precision]
     extra = {}
-    dequantized = lora.dequantized_weight_bytes(model, setup, compute)
+    tokens = setup.micro_batch * setup.seq_len * (2 if setup.workload == "dpo" else 1)
+    dequantized = lora.dequantized_weight_peak_bytes(model, setup, compute, tokens)
     if dequantized:
         extra["dequantized_weight"] = dequantized
     if activations.casts_in_backward:

@@ -490,3 +490,13 @@ def adapter_host_bytes_per_rank(model, setup, b: int) -> int:
     elif setup.offload_param == "nvme":
         total += 5 * 100_000_000 * b
     return total
+
+
+def dequantized_weight_peak_bytes(model, setup, a: int, tokens: int) -> int:
+    """What the dequantized weight adds to the layers' backward peak. ``down_proj``'s input grad
+    is ``grad @ W`` on the dequantized weight (``MatMul4Bit.backward``), which is freed before
+    the adapter's input grad and their sum exist: that later moment holds two more
+    intermediate-width grads (``estimate.adapter_activation_bytes``' temporaries), so the weight
+    raises the peak only by what it exceeds them (probed: tests/memory/test_lora.py)."""
+    dequantized = dequantized_weight_bytes(model, setup, a)
+    return max(0, dequantized - 2 * a * tokens * model.intermediate_size)
