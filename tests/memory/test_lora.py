@@ -276,9 +276,7 @@ def test_trl_sft_trainer_lora_step_matches_the_estimate(tmp_path):
     longest of each batch. The estimate (stage 0, hf stack, weights fp32, loss trl_fused) is
     within 3 % of the measured peak once the head's CPU fallback tiles are set aside, as for the
     full fine-tune (tests/memory/test_real_clients.py)."""
-    torch = pytest.importorskip("torch")
     pytest.importorskip("trl")
-    from conftest import write_tiny_model_dir
     from peft import LoraConfig
     from test_real_clients import (
         _measured_peak,
@@ -287,17 +285,13 @@ def test_trl_sft_trainer_lora_step_matches_the_estimate(tmp_path):
         _two_quiet_cpu_steps,
         _words,
     )
-    from transformers import AutoConfig, AutoModelForCausalLM
     from trl import SFTConfig, SFTTrainer
 
     from zerofit.models.resolve import spec_from_config
 
     seq, micro = 256, 2
     shape = {**SHAPE, **STEP_SHAPE}
-    model_dir = write_tiny_model_dir(tmp_path / "model", vocab_size=shape["vocab_size"])
-    torch.manual_seed(0)
-    config = AutoConfig.for_model("qwen2", attn_implementation="sdpa", use_cache=False, **shape)
-    AutoModelForCausalLM.from_config(config).save_pretrained(model_dir)
+    model_dir = _step_model_dir(tmp_path)
     rows = [{"text": _words(seq + 64 if k % 2 == 0 else 150 + 20 * k, k)} for k in range(2 * micro)]
     args = SFTConfig(**_two_quiet_cpu_steps(tmp_path / "out", micro), max_length=seq)
     peft_config = LoraConfig(r=16, target_modules="all-linear", lora_dropout=0.0)
@@ -500,3 +494,70 @@ def test_a_whole_qlora_step_matches_torch(tmp_path, micro, seq):
     print(f"QLoRA step: measured {tracker.peak:,} predicted {est.peak_bytes:,} ({est.phase}, "
           f"{error:+.2%}) {est.breakdown}")
     assert est.peak_bytes == pytest.approx(tracker.peak, rel=0.03)
+
+
+def _step_model_dir(tmp_path):
+    """The step shape's Qwen2 (fp32 weights) and a word-level tokenizer in a directory, what
+    TRL's trainers load by path."""
+    import torch
+    from conftest import write_tiny_model_dir
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    shape = {**SHAPE, **STEP_SHAPE}
+    model_dir = write_tiny_model_dir(tmp_path / "model", vocab_size=shape["vocab_size"])
+    torch.manual_seed(0)
+    config = AutoConfig.for_model("qwen2", attn_implementation="sdpa", use_cache=False, **shape)
+    AutoModelForCausalLM.from_config(config).save_pretrained(model_dir)
+    return model_dir
+
+
+def test_trl_dpo_trainer_lora_step_matches_the_estimate(tmp_path):
+    """``DPOTrainer.train()`` of TRL 1.16 for two steps with a ``peft_config`` and no reference
+    model: TRL's reference is the policy with its adapters disabled (``ref_model`` stays None),
+    so no second copy of the weights; its defaults otherwise (fp32 load, bf16 autocast,
+    checkpointing, the fused LM head, padded pairs). Within 3 % of the estimate once the fused
+    head's CPU fallback tiles are set aside, as for SFT."""
+    pytest.importorskip("trl")
+    from peft import LoraConfig
+    from test_real_clients import (
+        _measured_peak,
+        _trl_defaults,
+        _trl_trainer,
+        _two_quiet_cpu_steps,
+        _words,
+    )
+    from trl import DPOConfig, DPOTrainer
+
+    from zerofit.models.resolve import spec_from_config
+
+    seq, micro = 128, 2
+    rows = []
+    for k in range(4 * micro):
+        prompt = 32 if k % 2 == 0 else 20
+        chosen = seq - prompt if k % 4 == 0 else 60
+        rows.append(
+            {
+                "prompt": _words(prompt, k),
+                "chosen": " " + _words(chosen, k + 1),
+                "rejected": " " + _words(40 + k, k + 2),
+            }
+        )
+    args = DPOConfig(**_two_quiet_cpu_steps(tmp_path / "out", micro), max_length=seq)
+    peft_config = LoraConfig(r=16, target_modules="all-linear", lora_dropout=0.0)
+    model_dir = _step_model_dir(tmp_path)
+    trainer = _trl_trainer(DPOTrainer, model_dir, args, rows, peft_config=peft_config)
+    assert trainer.ref_model is None and args.gradient_checkpointing
+    measured = _measured_peak(trainer, trainer.model)
+
+    setup = dataclasses.replace(
+        _trl_defaults("dpo", micro, seq), finetuning="lora", lora_rank=16, lora_dropout=0.0
+    )
+    spec = spec_from_config({**SHAPE, **STEP_SHAPE, "model_type": "qwen2"}, "probe")
+    est = estimate_memory(spec, setup)
+    # the peak is the policy head's backward, whose CPU fallback tiles a GPU does not allocate
+    tiles = _frozen_head_fallback_tiles(2 * micro * (seq - 1), STEP_SHAPE["vocab_size"], est)
+    error = est.peak_bytes / (measured - tiles) - 1
+    print(f"DPOTrainer LoRA: measured {measured:,}, CPU fallback tiles {tiles:,}; predicted "
+          f"{est.peak_bytes:,} ({est.phase}, {error:+.2%})")
+    assert "reference_model" not in est.breakdown and "reference" in est.phases
+    assert est.peak_bytes == pytest.approx(measured - tiles, rel=0.03)

@@ -580,6 +580,12 @@ def _reference_phase(
         "activations": one_layer,
         "logits": losses.reference_loss_bytes(sizes.loss_path, model, compute, sizes.logit_tokens),
     }
+    if lora.is_adapter(setup):
+        # the reference is the policy with its adapters disabled, run under no_grad: a layer's
+        # tensors are freed before the head runs, so its largest moment is one or the other
+        # (TRL's DPOTrainer with a peft model, probed in tests/memory/test_lora.py)
+        head = reference.pop("logits")
+        reference["activations"] = max(one_layer, head)
     if setup.workload == "dpo":
         # the policy forward ran first and its graph waits for backward (losses.py:
         # policy_held_bytes); GRPO scores the reference while generating, before the policy
