@@ -180,7 +180,7 @@ class LinkMeasurements:
     all_gather_cost: float  # all-gather seconds over a ring's (n-1)/n at ``gbits``
 
 
-def measure_link(megabytes: float = 8.0, group=None) -> LinkMeasurements:
+def measure_link(megabytes: float = 8.0, group=None, repeats: int = 3) -> LinkMeasurements:
     """Time an all-reduce, a reduce-scatter and an all-gather of ``megabytes`` (the whole
     buffer) over ``group`` (None: every rank); large enough that bandwidth, not latency, sets
     the time. The reduce-scatter and all-gather are the calls DeepSpeed makes on gloo
@@ -191,12 +191,12 @@ def measure_link(megabytes: float = 8.0, group=None) -> LinkMeasurements:
     ranks = dist.get_world_size(group)
     whole = torch.ones(int(megabytes * 2**20 / 4 / ranks) * ranks)
     shard = torch.empty(whole.numel() // ranks)
-    all_reduce_s = median_seconds(lambda: dist.all_reduce(whole, group=group), 3)
+    all_reduce_s = median_seconds(lambda: dist.all_reduce(whole, group=group), repeats)
     reduce_scatter_s = median_seconds(
-        lambda: dist.reduce_scatter_tensor(shard, whole, group=group), 3
+        lambda: dist.reduce_scatter_tensor(shard, whole, group=group), repeats
     )
     all_gather_s = median_seconds(
-        lambda: dist.all_gather_into_tensor(whole, shard, group=group), 3
+        lambda: dist.all_gather_into_tensor(whole, shard, group=group), repeats
     )
     ring_s = all_reduce_s / 2  # one ring pass of the buffer at the all-reduce's bandwidth
     sent = 2 * (ranks - 1) / ranks * whole.numel() * 4
@@ -208,11 +208,18 @@ def measure_link(megabytes: float = 8.0, group=None) -> LinkMeasurements:
 
 
 def measure_cpu_device(
-    *, hidden: int, intermediate: int, vocab: int, tokens: int, partition_params: int
+    *,
+    hidden: int,
+    intermediate: int,
+    vocab: int,
+    tokens: int,
+    partition_params: int,
+    link_megabytes: float = 8.0,
 ) -> CpuMeasurements:
     """Every rate of ``cpu_profile``, measured in this rank (torch.distributed initialized, the
-    other ranks calling it at the same time so that they contend for the cores as in the run)."""
-    link = measure_link()
+    other ranks calling it at the same time so that they contend for the cores as in the run).
+    ``link_megabytes``: the collectives' buffer, no larger than the model's gradients."""
+    link = measure_link(link_megabytes, repeats=2)
     return CpuMeasurements(
         matmul_tflops=measure_matmul_tflops(hidden, intermediate, vocab, tokens),
         memory_gbps=measure_memory_gbps(),
