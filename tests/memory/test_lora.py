@@ -561,3 +561,28 @@ def test_trl_dpo_trainer_lora_step_matches_the_estimate(tmp_path):
           f"{est.peak_bytes:,} ({est.phase}, {error:+.2%})")
     assert "reference_model" not in est.breakdown and "reference" in est.phases
     assert est.peak_bytes == pytest.approx(measured - tiles, rel=0.03)
+
+
+def test_plan_names_lora_and_qlora_when_a_full_fine_tune_does_not_fit():
+    """A 7B on 2 x 24 GB: the full fine-tune does not fit without offload, so the plan's note
+    names what LoRA and QLoRA give (planning/reasons.adapters_hint); planning LoRA itself fits,
+    and a 70B QLoRA plan on 2 x 80 GB fits too. Each plan is the planner's own search, in
+    well under a second once imported."""
+    import time
+
+    from zerofit.planning.answers import Answers
+    from zerofit.planning.plan import plan
+    from zerofit.planning.reasons import adapters_hint
+
+    answers = Answers(model="qwen2.5-7b", gpu="RTX4090", gpus_per_node=2, host_ram_gib=64.0)
+    full = plan(answers)
+    hint = adapters_hint(full)
+    assert hint and "LoRA fits: ZeRO-" in hint and "QLoRA fits: ZeRO-" in hint
+    started = time.perf_counter()
+    lora_plan = plan(answers.replace(finetuning="lora"))
+    seventy = plan(
+        Answers(model="llama-3.1-70b", gpu="H100-SXM", gpus_per_node=2, finetuning="qlora")
+    )
+    seconds = time.perf_counter() - started
+    print(f"\n{hint}\ntwo adapter plans in {seconds:.2f} s")
+    assert lora_plan.fits and seventy.fits and adapters_hint(lora_plan) is None
