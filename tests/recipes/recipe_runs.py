@@ -93,13 +93,27 @@ def write_configs(model: Path, root: Path, workload: str, global_batch: int, mic
     return configs
 
 
+def recipes_common():
+    """recipes/common.py, imported as the recipes import it (their folder on sys.path)."""
+    if str(RECIPES) not in sys.path:
+        sys.path.insert(0, str(RECIPES))
+    import common
+
+    return common
+
+
 def save_tiny_model(path: Path) -> Path:
-    code = (
-        f"import sys; sys.path.insert(0, {str(RECIPES)!r}); import common\n"
-        "tok = common.build_tiny_tokenizer(); m = common.build_tiny_model(tok, seed=0)\n"
-        f"m.save_pretrained({str(path)!r}); tok.save_pretrained({str(path)!r})"
-    )
-    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+    """The recipes' tiny model (seed 0) and tokenizer saved to ``path``. Built in this process,
+    where torch and transformers are loaded already (a new interpreter spends seconds importing
+    them); the global RNG is left as it was."""
+    import torch
+
+    common = recipes_common()
+    with torch.random.fork_rng():
+        tokenizer = common.build_tiny_tokenizer()
+        model = common.build_tiny_model(tokenizer, seed=0)
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
     return path
 
 
@@ -146,6 +160,21 @@ def kill_after_checkpoint(proc, out: Path) -> int:
     assert proc.returncode == -signal.SIGKILL, "the run finished before it could be killed"
     assert not (out / "final").exists()
     return int((out / "latest").read_text().strip().split("-")[1])
+
+
+def reload_final_model(final: Path, initial: Path) -> float:
+    """Load final/ with from_pretrained (model + tokenizer), as a user would after the run; return
+    the largest weight change vs ``initial``. In this process: the run's ranks have exited."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    trained = AutoModelForCausalLM.from_pretrained(final)
+    reference = AutoModelForCausalLM.from_pretrained(initial).state_dict()
+    AutoTokenizer.from_pretrained(final)
+    assert all(p.isfinite().all() for p in trained.parameters())
+    return max(
+        (weights.float() - reference[name].float()).abs().max().item()
+        for name, weights in trained.state_dict().items()
+    )
 
 
 def reload_in_new_process(final: Path, initial: Path) -> float:

@@ -21,7 +21,7 @@ from recipe_runs import (
     launch,
     load_recipe,
     read_metrics,
-    reload_in_new_process,
+    reload_final_model,
     save_tiny_model,
     write_configs,
 )
@@ -48,7 +48,7 @@ def check_finished_run(out, steps: int, tiny) -> list[dict]:
         assert set(r) >= METRICS and math.isfinite(r["loss"]) and 0 <= r["reward_accuracy"] <= 1
     assert rows[0]["loss"] == pytest.approx(math.log(2), abs=1e-3)  # policy == reference at first
     assert rows[-1]["reward_margin"] > 0  # the policy moved towards the chosen answers
-    assert reload_in_new_process(out / "final", tiny["model"]) > 1e-4
+    assert reload_final_model(out / "final", tiny["model"]) > 1e-4
     return rows
 
 

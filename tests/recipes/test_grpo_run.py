@@ -25,7 +25,9 @@ import time
 from pathlib import Path
 
 import pytest
-from recipe_runs import reload_in_new_process
+from recipe_runs import load_recipe, reload_final_model, save_tiny_model
+
+from zerofit.cli.main import main as zerofit_main
 
 pytestmark = pytest.mark.distributed
 REPO = Path(__file__).resolve().parents[2]
@@ -54,49 +56,38 @@ def tiny(tmp_path_factory) -> dict:
     """A saved tiny model dir, the toy task as JSONL, and DDP/ZeRO-2/ZeRO-3 configs from
     `zerofit config`."""
     root = tmp_path_factory.mktemp("grpo")
-    model = root / "model"
-    code = (
-        f"import sys, json; sys.path.insert(0, {str(RECIPE.parent)!r}); import common, grpo\n"
-        "tok = common.build_tiny_tokenizer(); m = common.build_tiny_model(tok, seed=0)\n"
-        f"m.save_pretrained({str(model)!r}); tok.save_pretrained({str(model)!r})\n"
-        f"rows = ''.join(json.dumps(r) + '\\n' for r in grpo.toy_rows())\n"
-        f"open({str(root / 'toy.jsonl')!r}, 'w').write(rows)\n"
-    )
-    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+    save_tiny_model(root / "model")
+    rows = load_recipe("grpo").toy_rows()
+    (root / "toy.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     for stage in (0, 2, 3):  # stage 0: plain DDP (accelerate MULTI_GPU config, gloo on CPU)
-        subprocess.run(
-            [
-                str(BIN / "zerofit"),
-                "config",
-                "--model",
-                str(root / "model"),
-                "--gpu",
-                "L4",
-                "--gpus-per-node",
-                "2",
-                "--workload",
-                "grpo",
-                "--stage",
-                str(stage),
-                "--global-batch",
-                "32",
-                "--num-generations",
-                "8",
-                "--seq-len",
-                "16",
-                "--completion-len",
-                "8",
-                "--precision",
-                "bf16",
-                "--flavour",
-                "explicit",
-                "--out",
-                str(root / f"zero{stage}"),
-            ],
-            check=True,
-            timeout=60,
-            capture_output=True,
-        )
+        argv = [
+            "config",
+            "--model",
+            str(root / "model"),
+            "--gpu",
+            "L4",
+            "--gpus-per-node",
+            "2",
+            "--workload",
+            "grpo",
+            "--stage",
+            str(stage),
+            "--global-batch",
+            "32",
+            "--num-generations",
+            "8",
+            "--seq-len",
+            "16",
+            "--completion-len",
+            "8",
+            "--precision",
+            "bf16",
+            "--flavour",
+            "explicit",
+            "--out",
+            str(root / f"zero{stage}"),
+        ]
+        assert zerofit_main(argv) == 0
     return {"root": root, "model": root / "model", "data": root / "toy.jsonl"}
 
 
@@ -158,7 +149,7 @@ def test_zero2_local_model_and_data_saves_loadable_model(tiny, tmp_path):
     )
     assert not list(out.glob(".tmp-*"))
     # reload in a separate process (reloading on rank 0 inside the run hangs the other rank)
-    assert reload_in_new_process(out / "final", tiny["model"]) > 1e-3  # trained weights
+    assert reload_final_model(out / "final", tiny["model"]) > 1e-3  # trained weights
     assert json.loads((out / "final" / "config.json").read_text())["num_hidden_layers"] == 2
 
 

@@ -26,7 +26,7 @@ from recipe_runs import (
     launch,
     processes_with,
     read_metrics,
-    reload_in_new_process,
+    reload_final_model,
     save_tiny_model,
     write_configs,
 )
@@ -68,7 +68,7 @@ def check_finished_run(out, steps: int, tiny) -> list[dict]:
     assert [r["step"] for r in rows] == list(range(1, steps + 1))
     assert all(math.isfinite(r["loss"]) and r["completion_tokens"] > 0 for r in rows)
     assert not list(out.glob(".tmp-*"))
-    assert reload_in_new_process(out / "final", tiny["model"]) > 1e-3  # trained weights
+    assert reload_final_model(out / "final", tiny["model"]) > 1e-3  # trained weights
     return rows
 
 
