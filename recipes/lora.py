@@ -227,11 +227,13 @@ def adapter_only_checkpoints(accelerator, model) -> tuple[dict, dict]:
     checkpointing.py, load_accelerator_state passes the kwargs to load_model / load_state_dict)."""
     if accelerator.state.deepspeed_plugin is not None:
         return {"exclude_frozen_parameters": True}, {"load_module_strict": False}
-    trainable = {name for name, param in model.named_parameters() if param.requires_grad}
+    unwrapped = accelerator.unwrap_model(model)
+    trainable = {name for name, param in unwrapped.named_parameters() if param.requires_grad}
 
     def keep_trainable(models, weights, output_dir):
+        # the keys are the unwrapped model's (accelerate saves DDP's module without `module.`)
         for state in weights:
-            for key in [key for key in state if key not in trainable]:
+            for key in [key for key in state if key.removeprefix("module.") not in trainable]:
                 del state[key]
 
     accelerator.register_save_state_pre_hook(keep_trainable)

@@ -25,6 +25,7 @@ from recipe_runs import (
     RECIPES,
     RUN_LIMIT,
     failure_text,
+    free_port,
     launch,
     load_recipe,
     one_line_error,
@@ -209,3 +210,48 @@ def test_lora_flags_refused_in_one_line(capsys, tmp_path, flags, expected):
     sft = load_recipe("sft")
     line = one_line_error(capsys, lambda: sft.parse_args(["--output-dir", str(tmp_path), *flags]))
     assert expected in line and "(fix: " in line
+
+
+def test_adapter_only_checkpoints_of_a_ddp_model_keep_the_adapters(monkeypatch):
+    """Under DDP accelerate hands the save hook the module's keys without DDP's `module.`; the
+    hook matched them against the wrapper's names and saved an empty model.safetensors (a
+    resumed DDP LoRA run restarted from zero adapters). A real DDP wrapper in a 1-process gloo
+    group; the accelerator's unwrap is accelerate's own extract_model_from_parallel."""
+    import torch
+    import torch.distributed as dist
+    from accelerate.utils import extract_model_from_parallel
+
+    load_recipe("sft")  # puts recipes/ on sys.path
+    import common
+    import lora
+    from peft import LoraConfig, get_peft_model
+
+    class Accelerator:  # what adapter_only_checkpoints uses of accelerate's Accelerator
+        state = type("State", (), {"deepspeed_plugin": None})()
+
+        def __init__(self):
+            self.hooks = []
+
+        def unwrap_model(self, model):
+            return extract_model_from_parallel(model)
+
+        def register_save_state_pre_hook(self, hook):
+            self.hooks.append(hook)
+
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(free_port()))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    try:
+        config = LoraConfig(r=2, target_modules="all-linear", task_type="CAUSAL_LM")
+        model = get_peft_model(common.build_tiny_model(common.build_tiny_tokenizer()), config)
+        wrapped = torch.nn.parallel.DistributedDataParallel(model)
+        accelerator = Accelerator()
+        save_kwargs, load_kwargs = lora.adapter_only_checkpoints(accelerator, wrapped)
+        adapters = {name for name, param in model.named_parameters() if param.requires_grad}
+        for prefix in ("", "module."):
+            weights = [{prefix + key: t for key, t in model.state_dict().items()}]
+            accelerator.hooks[0]([wrapped], weights, "unused")
+            assert set(weights[0]) == {prefix + name for name in adapters}
+        assert (save_kwargs, load_kwargs) == ({}, {"strict": False})
+    finally:
+        dist.destroy_process_group()
