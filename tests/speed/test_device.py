@@ -1,0 +1,92 @@
+"""The device profiles the speed model reads: a catalog GPU's reproduces the GPU model exactly, a
+measured CPU's carries each measurement into the terms it sets.
+
+Run: .venv/bin/python -m pytest tests/speed/test_device.py -q   (~2 s)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from zerofit.hardware import lookup
+from zerofit.memory.estimate import TrainSetup
+from zerofit.models.resolve import resolve_model
+from zerofit.speed.device import (
+    CpuMeasurements,
+    cpu_profile,
+    measure_matmul_tflops,
+    measure_memory_gbps,
+)
+from zerofit.speed.step_time import (
+    CPU_ADAM_BYTES_PER_PARAM,
+    estimate_step_time,
+    gpu_profile,
+    ring_seconds,
+)
+
+MODEL = resolve_model("qwen2.5-0.5b")
+SETUPS = [
+    TrainSetup(stage=2, world_size=8, gpus_per_node=8, micro_batch=2, seq_len=2048),
+    TrainSetup(stage=3, world_size=16, gpus_per_node=8, grad_accum=4, gradient_checkpointing=True),
+    TrainSetup(stage=1, world_size=2, offload_optimizer="cpu", precision="fp32"),
+    TrainSetup(stage=3, world_size=4, offload_optimizer="cpu", offload_param="cpu"),
+]
+MEASURED = CpuMeasurements(
+    matmul_tflops=0.1,
+    memory_gbps=20.0,
+    cpu_adam_params_per_s=1e9,
+    link_gbits=0.1,
+    reduce_scatter_cost=2.0,
+    all_gather_cost=1.5,
+)
+
+
+@pytest.mark.parametrize("gpu", ["H100-SXM", "A100-80GB", "L40S", "T4"])
+def test_a_catalog_gpu_and_its_profile_give_the_same_step(gpu: str) -> None:
+    spec = lookup(gpu)
+    for setup in SETUPS:
+        by_spec = estimate_step_time(setup, MODEL, spec, inter_node_gbps=25)
+        by_profile = estimate_step_time(setup, MODEL, gpu_profile(spec), inter_node_gbps=25)
+        assert by_profile == by_spec
+
+
+def test_the_cpu_profile_carries_each_measurement() -> None:
+    device = cpu_profile(MEASURED)
+    assert device.peak_tflops == 0.1 and device.efficiency.at(1) == 1.0
+    assert device.memory_gbps == 20.0 and device.offload_gbps == 20.0
+    assert device.cpu_adam_host_gbps == pytest.approx(1e9 * CPU_ADAM_BYTES_PER_PARAM / 1e9)
+    assert device.link_efficiency == 1.0
+    assert not device.overlaps_comm and device.wire_bytes_follow_precision
+    assert (device.reduce_scatter_cost, device.all_gather_cost) == (2.0, 1.5)
+    # no fitted fixed costs: what Python costs on the CPU shows up as error
+    assert device.micro_step_overhead_s == device.optimizer_step_overhead_s == 0.0
+    assert device.stage3_hook_s_per_layer == 0.0
+
+
+def test_an_fp32_zero1_step_on_the_cpu_profile_by_hand() -> None:
+    """Two nodes of one rank, fp32: the gradients' all-reduce and the parameters' all-gather
+    after the step, each waited for (gloo does not overlap), at 4 bytes per element."""
+    setup = TrainSetup(stage=1, world_size=2, gpus_per_node=1, precision="fp32", seq_len=128)
+    step = estimate_step_time(setup, MODEL, cpu_profile(MEASURED), inter_node_gbps=0.1)
+    link_gbps = 0.1 / 8
+    all_reduce = 2 * ring_seconds(MODEL.params * 4, 2, link_gbps)
+    all_gather = 1.5 * ring_seconds(MODEL.params * 4, 2, link_gbps)
+    assert step.exposed_comm_s == pytest.approx(all_reduce + all_gather)
+    assert step.gpu_optimizer_s == pytest.approx(MODEL.params / 2 * 30 / 20e9)
+    assert step.overhead_s == 0.0
+    offloaded = estimate_step_time(
+        dataclasses.replace(setup, offload_optimizer="cpu"),
+        MODEL,
+        cpu_profile(MEASURED),
+        inter_node_gbps=0.1,
+    )
+    assert offloaded.cpu_optimizer_s == pytest.approx(MODEL.params / 2 / 1e9)
+    # gradients to the "host" and the updated partition back, 4 bytes each, at memory speed
+    assert offloaded.offload_transfer_s == pytest.approx(2 * MODEL.params / 2 * 4 / 20e9)
+
+
+def test_this_machine_measures_positive_rates() -> None:
+    assert 0 < measure_matmul_tflops(64, 256, 512, tokens=64) < 100
+    assert 0 < measure_memory_gbps(elements=2**20) < 10_000
