@@ -65,8 +65,9 @@ def test_wizard_in_a_pty_writes_files_that_accelerate_and_deepspeed_load(
     answer(child, "Launch with", "\r")  # accelerate
     # two nodes: offload is budgeted with their RAM, not this machine's
     answer(child, "Host RAM per training node", "1024\r")
+    answer(child, "Network between nodes", "25\r")  # Gbit/s
     answer(child, "Workload", DOWN * 3 + "\r")  # "← back", the last choice ...
-    answer(child, "Host RAM per training node", "\r")  # ... shows 1024 again: keep it
+    answer(child, "Network between nodes", "\r")  # ... shows 25 again: keep it
     answer(child, "Workload", DOWN * 2 + "\r")  # grpo
     answer(child, "completions per prompt", CLEAR + "4\r")
     answer(child, "generated tokens per completion", CLEAR + "128\r")
@@ -79,7 +80,7 @@ def test_wizard_in_a_pty_writes_files_that_accelerate_and_deepspeed_load(
     answer(child, "New ZeRO stage", DOWN * 4 + "\r")  # ... to 3
     child.expect_exact("(was ")  # re-estimated at once
     answer(child, "Accept this plan?", DOWN * 6 + "\r")  # change an answer ...
-    answer(child, "Which answer?", DOWN * 11 + "\r")  # ... the sequence length
+    answer(child, "Which answer?", DOWN * 12 + "\r")  # ... the sequence length
     answer(child, "Sequence length", CLEAR + "1024\r")
     child.expect_exact("seq 1024")  # replanned with it
     answer(child, "Accept this plan?", "\r")
@@ -112,6 +113,7 @@ def test_wizard_in_a_pty_writes_files_that_accelerate_and_deepspeed_load(
     batch = "auto" if "flavor: auto\n" in files["answers.yaml"] else 16
     assert ds["train_batch_size"] == batch and ds["bf16"]["enabled"] in (True, "auto")
     assert "host_ram_gib: 1024.0\n" in files["answers.yaml"]
+    assert "inter_node_gbps: 25.0\n" in files["answers.yaml"]
     assert "seq_len: 1024\n" in files["answers.yaml"]
 
     # The flag path reproduces the wizard's files byte for byte from its answers.yaml.

@@ -412,7 +412,7 @@ def render_plan(plan, before=None) -> list:
     from rich.text import Text
 
     from zerofit.models.resolve import param_count_words
-    from zerofit.planning.verdicts import plan_warning
+    from zerofit.planning.verdicts import plan_warning, speed_words
 
     answers, gpu = plan.answers, plan.gpu
     fit = Text("fits", style="bold green") if plan.fits else Text("does NOT fit", style="bold red")
@@ -446,6 +446,7 @@ def render_plan(plan, before=None) -> list:
         head,
         decisions,
         batch,
+        Text(speed_words(plan)),
         Text("memory per GPU, GiB (| = headroom limit):"),
         render_memory_bar(plan),
     ]
@@ -459,6 +460,7 @@ def render_plan(plan, before=None) -> list:
             "micro",
             "peak GiB",
             "fits",
+            "s/step",
             title="alternatives",
             title_justify="left",
             box=None,
@@ -474,6 +476,7 @@ def render_plan(plan, before=None) -> list:
                 str(alt.micro_batch),
                 f"{alt.peak_gib:.1f}",
                 Text("yes", style="green") if alt.fits else Text("no", style="red"),
+                "-" if alt.step_time_s is None else f"{alt.step_time_s:.2f}",
             )
         out.append(alts)
     warning = plan_warning(plan)

@@ -17,6 +17,7 @@ from zerofit.errors import ZerofitError
 from zerofit.hardware import CATALOG, lookup
 from zerofit.planning.answers import (
     LAUNCHERS,
+    MAX_INTER_NODE_GBPS,
     OFFLOAD_DEVICES,
     PRECISIONS,
     STACKS,
@@ -317,6 +318,25 @@ def _validate_host_ram(text: str, answers: dict) -> bool | str:
     return True
 
 
+def _validate_inter_node_gbps(text: str, answers: dict) -> bool | str:
+    text = text.strip()
+    if not text:
+        return True  # the stated default, 100 Gbit/s
+    hint = "Gbit/s per node, e.g. 100 for one 100G NIC, 25 for 25GbE (or leave blank for 100)"
+    try:
+        value = float(text)
+    except ValueError:
+        return f"enter {hint}"
+    if not 0 < value <= MAX_INTER_NODE_GBPS:
+        return f"use more than 0, at most {MAX_INTER_NODE_GBPS:g}: {hint}"
+    return True
+
+
+def _optional_float(text: Any) -> float | None:
+    text = str(text).strip()
+    return float(text) if text else None
+
+
 def _grpo(answers: dict) -> bool:
     return answers["workload"] == "grpo"
 
@@ -538,6 +558,16 @@ def cluster_questions(base: Answers) -> tuple[Question, ...]:
             validate=_validate_host_ram,
             convert=float,
             label="host RAM per node (GiB)",
+        ),
+        Question(
+            "inter_node_gbps",
+            "text",
+            "Network between nodes in Gbit/s per node (blank: 100; `zerofit doctor` measures it)",
+            base.inter_node_gbps,
+            when=_multi_node,
+            validate=_validate_inter_node_gbps,
+            convert=_optional_float,
+            label="network between nodes (Gbit/s)",
         ),
     )
 
