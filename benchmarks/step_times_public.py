@@ -8,8 +8,13 @@ the model can express, and prints:
 - the median absolute % error of the predicted step time (or tokens/s per GPU, or model TFLOPs
   per GPU: whatever the row measured), per source and overall;
 - Kendall's tau-b of predicted against measured speed (tokens per second per GPU) inside each
-  scenario with two or more predicted rows, and how often the configuration predicted fastest
-  is measured fastest or within 5 % of it.
+  scenario with two or more predicted rows, and `plan`'s pick rate: how often the configuration
+  predicted fastest (what `zerofit plan` picks among fits) is measured fastest or within 5 % of
+  it, beside the baseline, the fixed speed order the planner used before the speed model (no
+  parameter offload, no optimizer offload, not ZeRO-3, no checkpointing, the lower stage, the
+  larger micro batch; ``fixed_order_key``). Where that order cannot tell a scenario's fastest
+  rows apart (they differ in what it never looked at: the network, the GPU count, the sequence
+  length), its pick is the first of them in the file, and the table counts those scenarios.
 
 Nothing here is tuned per row: the model's constants are speed/step_time.py's named ones.
 
@@ -160,6 +165,7 @@ class Prediction:
     predicted: float
     measured_speed: float  # tokens/s per GPU (or TFLOPs per GPU): higher is faster
     predicted_speed: float
+    fixed_order: tuple = ()  # the old planner's sort key of the row's configuration
 
     @property
     def error_pct(self) -> float:
@@ -262,6 +268,21 @@ def express(row: dict) -> Expressed:
     )
 
 
+def fixed_order_key(setup: TrainSetup) -> tuple:
+    """The planner's speed order before the speed model (its ``Candidate.speed_key``, kept here
+    only as the baseline): fastest first, no parameter offload, no optimizer offload, ZeRO-0/1/2
+    before 3, no checkpointing, the lower stage, the larger micro batch. Its fragmentation rule
+    (a tight fit later) needs memory the rows do not state, so it is left out."""
+    return (
+        setup.offload_param != "none",
+        setup.offload_optimizer != "none",
+        setup.stage == 3,
+        setup.gradient_checkpointing,
+        setup.stage,
+        -setup.micro_batch,
+    )
+
+
 def tokens_per_gpu_step(setup: TrainSetup) -> int:
     sequences = 2 * setup.micro_batch if setup.workload == "dpo" else setup.micro_batch
     return sequences * setup.seq_len * setup.grad_accum
@@ -298,6 +319,7 @@ def predict(row: dict, expressed: Expressed) -> Prediction:
         predicted,
         measured_speed,
         predicted_speed,
+        fixed_order_key(expressed.setup),
     )
 
 
@@ -353,6 +375,7 @@ def calibration_predictions() -> list[Prediction]:
                 step.total_s,
                 tokens / measured,
                 tokens / step.total_s,
+                fixed_order_key(setup),
             )
         )
     return out
@@ -402,7 +425,9 @@ class ScenarioScore:
     scenario: str
     rows: int
     tau: float | None
-    picked_fastest: bool
+    picked_fastest: bool  # plan's pick (the predicted fastest) within 5 % of the measured fastest
+    fixed_order_picked_fastest: bool  # the old fixed order's pick, the same test
+    fixed_order_undecided: bool  # the old order ranks several rows first (picked: the first)
 
 
 def score_scenarios(predictions: list[Prediction]) -> list[ScenarioScore]:
@@ -418,25 +443,45 @@ def score_scenarios(predictions: list[Prediction]) -> list[ScenarioScore]:
         predicted = [p.predicted_speed for p in group]
         pick = group[predicted.index(max(predicted))]
         picked_fastest = pick.measured_speed >= 0.95 * max(measured)
+        first_key = min(p.fixed_order for p in group)
+        fixed_firsts = [p for p in group if p.fixed_order == first_key]
+        fixed_pick = fixed_firsts[0]
         scores.append(
-            ScenarioScore(scenario, len(group), kendall_tau_b(predicted, measured), picked_fastest)
+            ScenarioScore(
+                scenario,
+                len(group),
+                kendall_tau_b(predicted, measured),
+                picked_fastest,
+                fixed_pick.measured_speed >= 0.95 * max(measured),
+                len(fixed_firsts) > 1,
+            )
         )
     return scores
 
 
 def scenario_table(scores: list[ScenarioScore]) -> list[str]:
-    lines = [f"{'scenario':<44} {'rows':>4} {'tau':>6} {'fastest picked':>15}"]
+    lines = [f"{'scenario':<44} {'rows':>4} {'tau':>6} {'plan picks':>11} {'old order':>10}"]
     for score in scores:
         tau = "n/a" if score.tau is None else f"{score.tau:+.2f}"
         picked = "yes" if score.picked_fastest else "no"
-        lines.append(f"{score.scenario[:44]:<44} {score.rows:>4} {tau:>6} {picked:>15}")
+        old = ("yes" if score.fixed_order_picked_fastest else "no") + (
+            "*" if score.fixed_order_undecided else ""
+        )
+        lines.append(
+            f"{score.scenario[:44]:<44} {score.rows:>4} {tau:>6} {picked:>11} {old:>10}"
+        )
     taus = [s.tau for s in scores if s.tau is not None]
     if scores:
         picks = sum(s.picked_fastest for s in scores)
+        old_picks = sum(s.fixed_order_picked_fastest for s in scores)
+        undecided = sum(s.fixed_order_undecided for s in scores)
         median_tau = f"{statistics.median(taus):+.2f}" if taus else "n/a"
         lines.append(
-            f"{len(scores)} scenarios: median tau {median_tau}, fastest picked (within 5 %) "
-            f"{picks}/{len(scores)}"
+            f"{len(scores)} scenarios: median tau {median_tau}; plan's pick (the predicted "
+            f"fastest): fastest picked (within 5 %) {picks}/{len(scores)} "
+            f"({100 * picks / len(scores):.0f} %); the old fixed order's {old_picks}/{len(scores)} "
+            f"({100 * old_picks / len(scores):.0f} %; * {undecided} scenarios it cannot order: "
+            "its first row in the file)"
         )
     return lines
 
