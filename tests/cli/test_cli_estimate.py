@@ -473,3 +473,44 @@ def test_estimate_human_output_has_the_speed_line(capsys):
     grpo = _json(capsys, ["estimate", "--model", "qwen2.5-0.5b", "--workload", "grpo", "--json"])
     assert 0 < grpo["time_breakdown"]["generation_s"] < grpo["step_time_s"]
     assert sum(grpo["time_breakdown"].values()) == pytest.approx(grpo["step_time_s"], abs=0.01)
+
+
+def test_cluster_facts_fill_the_network_and_flags_win(capsys, tmp_path):
+    """``--cluster-facts`` (what `zerofit doctor` measured) sets the network of plan and estimate;
+    a flag given beside it wins; a bad file is one line naming the field."""
+    from zerofit.cluster_facts import ClusterFacts, write_cluster_facts
+
+    facts = write_cluster_facts(
+        tmp_path / "facts.json", ClusterFacts(inter_node_gbps=10.0, intra_node_gbps=20.0)
+    )
+    base = ["--model", "qwen2.5-7b", "--gpu", "A100-80GB", "--gpus-per-node", "8"]
+    base += ["--nodes", "2", "--stage", "3", "--json"]
+    for command in ("estimate", "plan"):
+        plain = _json(capsys, [command, *base])
+        measured = _json(capsys, [command, *base, "--cluster-facts", str(facts)])
+        assert (plain["inter_node_gbps"], plain["intra_node_gbps"]) == (100.0, 300)
+        assert (measured["inter_node_gbps"], measured["intra_node_gbps"]) == (10.0, 20.0)
+        assert measured["step_time_s"] > plain["step_time_s"]
+        flagged = _json(
+            capsys, [command, *base, "--cluster-facts", str(facts), "--inter-node-gbps", "400"]
+        )
+        assert flagged["inter_node_gbps"] == 400.0 and flagged["intra_node_gbps"] == 20.0
+        # --interconnect names the link inside the node: the measured one gives way
+        with_facts = [command, *base, "--cluster-facts", str(facts)]
+        pcie = _json(capsys, [*with_facts, "--interconnect", "pcie"])
+        assert (pcie["interconnect"], pcie["intra_node_gbps"]) == ("pcie", 32)
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"format": "zerofit-cluster-facts", "version": 1, "inter_node_gbps": -1}')
+    assert main(["plan", *base, "--cluster-facts", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "cluster-facts inter_node_gbps" in err and "Traceback" not in err
+
+
+def test_estimate_reports_the_runs_time_from_the_dataset_size(capsys):
+    argv = ["estimate", "--model", "qwen2.5-0.5b", "--gpu", "H100-SXM", "--global-batch", "8"]
+    assert _json(capsys, [*argv, "--json"])["run_time_h"] is None
+    out = _json(capsys, [*argv, "--dataset-tokens", str(2048 * 8 * 100), "--epochs", "2", "--json"])
+    assert out["optimizer_steps"] == 200
+    assert out["run_time_h"] == pytest.approx(200 * out["step_time_s"] / 3600, rel=0.01)
+    assert main([*argv, "--dataset-samples", "800", "--avg-seq-len", "300"]) == 0
+    assert "the run: 100 optimizer steps" in capsys.readouterr().out

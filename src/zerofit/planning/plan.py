@@ -92,7 +92,7 @@ def speed_fields(candidate: Candidate, workload: str, steps: int | None) -> dict
         "tokens_per_s_per_gpu": round(step.tokens_per_s_per_gpu, 1),
         "mfu": round(step.mfu, 3),
         "time_breakdown": step.breakdown(),
-        "run_time_h": None if run_time_h is None else round(run_time_h, 2),
+        "run_time_h": None if run_time_h is None else round(run_time_h, 4),
     }
 
 

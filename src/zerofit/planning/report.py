@@ -284,7 +284,7 @@ def _speed_fields(inputs: PlanInputs, setup: TrainSetup) -> dict[str, Any]:
         "tokens_per_s_per_gpu": round(step.tokens_per_s_per_gpu, 1),
         "mfu": round(step.mfu, 3),
         "time_breakdown": step.breakdown(),
-        "run_time_h": None if run_time_h is None else round(run_time_h, 2),
+        "run_time_h": None if run_time_h is None else round(run_time_h, 4),
     }
 
 
