@@ -103,7 +103,7 @@ def test_plan_reports_the_run_time_from_the_dataset_size():
     assert plan(Answers(gpu="H100-SXM", seq_len=2048), QWEN25_7B).run_time_h is None
 
 
-def test_grpo_plans_carry_no_step_time():
+def test_grpo_plans_time_the_step_with_its_generation():
     p = plan(Answers(gpu="H100-SXM", workload="grpo", seq_len=1024, num_generations=4), QWEN25_7B)
-    assert p.step_time_s is None and p.run_time_h is None
-    assert all(a.step_time_s is None for a in p.alternatives)
+    assert p.step_time_s > 0 and p.time_breakdown["generation_s"] > 0
+    assert all(a.step_time_s is not None for a in p.alternatives)

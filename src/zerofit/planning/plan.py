@@ -34,8 +34,8 @@ class Alternative:
     failing: str | None = None  # "gpu", "host", "gpu+host" or None
     pin_memory: bool = True  # offload buffers page-locked
     zero_plus: str = "none"  # ZeRO++ (planning/options.py): none | hpz | hpz+qwz+qgz
-    # predicted seconds per optimizer step and what they give (speed/step_time.py; None for
-    # grpo, whose generation is not modeled), the run's hours when the dataset size is given
+    # predicted seconds per optimizer step and what they give (speed/step_time.py), the run's
+    # hours when the dataset size is given
     step_time_s: float | None = None
     tokens_per_s_per_gpu: float | None = None
     mfu: float | None = None
@@ -78,13 +78,10 @@ class Alternative:
 
 
 def speed_fields(candidate: Candidate, workload: str, steps: int | None) -> dict[str, Any]:
-    """A candidate's predicted step time, tokens/s per GPU, MFU, where the time goes and the
-    run's hours, rounded for reports; empty for grpo (its generation is not modeled, so the
-    training part alone would understate the step)."""
+    """A candidate's predicted step time (GRPO's with its generation, speed/generation.py),
+    tokens/s per GPU, MFU, where the time goes and the run's hours, rounded for reports."""
     from zerofit.planning.planner import run_hours
 
-    if workload == "grpo":
-        return {}
     step = candidate.step
     run_time_h = run_hours(steps, step.total_s)
     return {
@@ -137,7 +134,7 @@ class Plan:
     pin_memory: bool = True  # offload blocks' pin_memory (page-locked host buffers)
     padded: bool = False  # micro batches estimated as padded (planner.pads_batches)
     zero_plus: str = "none"  # ZeRO++ (planning/options.py): none | hpz | hpz+qwz+qgz
-    # predicted speed (speed/step_time.py; None for grpo) and the run's length: optimizer steps
+    # predicted speed (speed/step_time.py) and the run's length: optimizer steps
     # and hours when the dataset size is given (planner.run_optimizer_steps)
     step_time_s: float | None = None
     tokens_per_s_per_gpu: float | None = None

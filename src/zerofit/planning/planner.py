@@ -224,7 +224,7 @@ class Candidate:
     micro_batch: int
     estimate: MemoryEstimate
     check: BudgetCheck
-    step: StepTime  # one optimizer step's predicted seconds (GRPO: the training part)
+    step: StepTime  # one optimizer step's predicted seconds (GRPO's with its generation)
     pin_memory: bool = True  # offload buffers page-locked (only matters with offload)
     pinned_cpu_gib: float | None = None  # host RAM pinned buffers needed, where unpinned instead
 

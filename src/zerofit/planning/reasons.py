@@ -39,10 +39,10 @@ TERM_WORDS = {
 
 
 def step_words(candidate: Candidate, workload: str) -> str:
-    """'1.9 s/step' (GRPO: the training part; its generation is not modeled)."""
+    """'1.9 s/step' (GRPO's with its generation)."""
     seconds = candidate.step_s
     value = f"{seconds:.1f}" if seconds >= 1 else f"{seconds:.2f}"
-    return f"{value} s/step" + (" of training" if workload == "grpo" else "")
+    return f"{value} s/step"
 
 
 def slower_by(faster: Candidate, slower: Candidate) -> str:
