@@ -192,3 +192,33 @@ def test_lora_defaults_are_trl_model_config_and_round_trip():
     assert (answers.lora_rank, answers.lora_dropout) == (16, 0.05)
     assert Answers().finetuning == "full" and Answers().lora_targets == "all-linear"
     assert load_answers(render_answers(answers)) == answers
+
+
+@pytest.mark.parametrize(
+    ("changes", "field", "words"),
+    [
+        ({"inter_node_gbps": 0}, "inter_node_gbps", "must be positive"),
+        ({"inter_node_gbps": 1e9}, "inter_node_gbps", "above the limit of 100000"),
+        ({"intra_node_gbps": -1.0}, "intra_node_gbps", "must be positive"),
+        ({"epochs": 0}, "epochs", "must be positive"),
+        ({"dataset_tokens": 0}, "dataset_tokens", "positive integer"),
+        ({"interconnect": "infiniband"}, "interconnect", "use one of auto, nvlink, pcie"),
+        ({"avg_seq_len": 512}, "avg_seq_len", "without dataset_samples"),
+        ({"dataset_tokens": 10, "dataset_samples": 10}, "dataset_samples", "dataset_tokens"),
+    ],
+)
+def test_the_network_and_run_answers_are_checked_in_one_line(changes, field, words):
+    with pytest.raises(ZerofitError) as caught:
+        Answers(**changes)
+    assert caught.value.field == field and words in str(caught.value)
+
+
+def test_the_network_and_run_answers_survive_answers_yaml():
+    answers = Answers(
+        interconnect="pcie",
+        inter_node_gbps=25.0,
+        dataset_samples=50_000,
+        avg_seq_len=700,
+        epochs=3,
+    )
+    assert load_answers(render_answers(answers)) == answers
