@@ -20,7 +20,9 @@ What is added to recipe commands, and why (everything else is the document's tex
   command (GRPO also `--max-completion-len 8`); a `--resume-from latest` line reuses the previous
   run's directory with `--max-steps 2`. `accelerate launch` gets `--num_processes 2` in place of
   the document's count (the examples say 8 GPUs; this machine has 2 cores) and a free
-  `--main_process_port`.
+  `--main_process_port`; so a `zerofit config` line plans `--gpus-per-node 2`, since DeepSpeed
+  refuses an explicit batch planned for 8 processes under 2 (train_batch_size != micro x
+  accumulation x world size).
 - Multi-node lines (`--machine_rank`) need other machines: their accelerate arguments are parsed
   by accelerate's own launch parser and their recipe arguments by the recipe, not run.
 
@@ -181,6 +183,20 @@ def training_command(command: list[str], recipe: str, out: Path, resume: bool) -
     return cmd + fast_flags(recipe, out, resume)
 
 
+def planned_for_two_processes(words: list[str]) -> list[str]:
+    """A `zerofit config` line with `--gpus-per-node 2` in place of the document's count (the
+    launches that use its files run 2 processes here); any other line as written."""
+    if words[:2] != ["zerofit", "config"]:
+        return words
+    planned = list(words)
+    for i, word in enumerate(planned):
+        if word == "--gpus-per-node" and i + 1 < len(planned):
+            planned[i + 1] = "2"
+        elif word.startswith("--gpus-per-node="):
+            planned[i] = "--gpus-per-node=2"
+    return planned
+
+
 def without_process_count(arguments: list[str]) -> list[str]:
     """``accelerate launch`` arguments less the document's ``--num_processes N`` (the last one
     given wins, so the document's 8 would override this machine's 2)."""
@@ -216,7 +232,8 @@ def test_every_readme_recipe_command_runs(tmp_path):
             words, root = command.words, roots[command.block]
             found = recipe_of(words)
             if is_runnable_zerofit(words):  # configs the launches use, or launch scripts
-                run_zerofit(command, root, env, document)
+                here = Command(planned_for_two_processes(words), command.block)
+                run_zerofit(here, root, env, document)
                 if found:
                     ran.append(shlex.join(words))
                 continue
