@@ -580,7 +580,7 @@ def main() -> None:
         sys.stdout.flush()
     dist.barrier()
     sys.stderr.flush()
-    # as tests/scripts/tiny_train.py: skip C++ static destructors, which can abort a finished
+    # as recipes/common.py finish_run does: skip C++ static destructors, which can abort a finished
     # gloo / shm-comm run ("terminate called without an active exception")
     os._exit(0)
 
