@@ -46,9 +46,11 @@ def lock_output_dir(output_dir: str) -> None:
     handle = open(path, "a+")
     deadline = time.monotonic() + LOCK_WAIT_S
     while not try_lock(handle, path):
-        if time.monotonic() > deadline:
-            handle.seek(0)
-            holder = handle.read().split()
+        handle.seek(0)
+        holder = handle.read().split()
+        # Waiting is only for a holder that is exiting. Waiting on a live one let a short run
+        # finish inside the wait, and the second run then called the directory "an earlier run".
+        if time.monotonic() > deadline or holder_is_running_here(holder):
             handle.close()
             fail(
                 "output_dir",
@@ -75,6 +77,27 @@ def try_lock(handle, path: str) -> bool:
     except OSError as e:
         note(f"cannot lock {path} ({e.strerror}); make sure no other run uses its directory")
     return True
+
+
+def holder_is_running_here(holder: list[str]) -> bool:
+    """True when the lock file names a process on this host that is running and not exiting.
+
+    Linux's /proc/PID/stat gives the state (Z: zombie, X: dead) and the task flags, where
+    PF_EXITING (0x4, include/linux/sched.h) marks a process that is tearing down (a SIGKILLed
+    run releasing its files). Anything unreadable counts as not running, so the caller waits."""
+    if len(holder) < 2 or holder[1] != socket.gethostname() or not holder[0].isdigit():
+        return False
+    try:
+        with open(f"/proc/{holder[0]}/stat") as stat_file:
+            stat = stat_file.read()
+    except OSError:
+        return False
+    # the command name (field 2) may hold spaces and parentheses: split after its last ')'
+    fields = stat[stat.rfind(")") + 2 :].split()
+    if len(fields) < 7 or fields[0] in ("Z", "X", "x"):
+        return False
+    pf_exiting = 0x4
+    return not int(fields[6]) & pf_exiting
 
 
 def describe_holder(holder: list[str]) -> str:

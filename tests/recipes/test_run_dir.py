@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -58,13 +59,31 @@ def test_a_second_run_is_refused_while_the_first_holds_the_directory(tmp_path, c
             f"grpo.py: output_dir: another run, pid {holder.pid}, is using {out} "
             "(fix: wait for it to finish, or pick another --output-dir)"
         )
-        assert time.monotonic() - started < run_dir.LOCK_WAIT_S + 2
+        # a live holder is refused at once: waiting let a short run finish inside the wait
+        assert time.monotonic() - started < run_dir.LOCK_WAIT_S / 2
     finally:
         holder.kill()
         holder.wait()
     # the kernel released the lock with the process: the directory (only .lock in it) is free
     assert run_dir.claim_output_dir(args_for(out)) == ""
     assert (out / ".lock").read_text().split()[0] == str(os.getpid())
+
+
+def test_only_a_live_holder_on_this_host_counts_as_running():
+    """A zombie (a killed run not yet reaped), a gone pid and another host's pid are waited
+    for (up to LOCK_WAIT_S); a running process on this host is not."""
+    host = socket.gethostname()
+    assert run_dir.holder_is_running_here([str(os.getpid()), host])
+    assert not run_dir.holder_is_running_here([str(os.getpid()), host + "-other"])
+    assert not run_dir.holder_is_running_here([])
+    zombie = subprocess.Popen([sys.executable, "-c", "pass"])
+    deadline = time.monotonic() + 30
+    while not open(f"/proc/{zombie.pid}/stat").read().rsplit(")", 1)[1].split()[0] == "Z":
+        assert time.monotonic() < deadline, "the child never exited"
+        time.sleep(0.05)
+    assert not run_dir.holder_is_running_here([str(zombie.pid), host])
+    zombie.wait()
+    assert not run_dir.holder_is_running_here([str(zombie.pid), host])
 
 
 def test_the_lock_file_does_not_make_a_directory_non_empty(tmp_path):
