@@ -226,3 +226,24 @@ def test_grpo_step_time_adds_generation_other_workloads_do_not():
     sft = estimate_step_time(dataclasses.replace(GRPO, workload="sft"), QWEN7B, H100)
     assert sft.generation_s is None and "generation_s" not in sft.breakdown()
     assert grpo.total_s == pytest.approx(sft.total_s + generation, rel=1e-6)
+
+
+def test_grpo_on_a_device_profile_reads_the_profile_rates():
+    """A DeviceProfile (speed/device.py) times GRPO's generation from its own rates: a catalog
+    GPU's profile gives the same step as the GPU, vLLM included, and a measured CPU profile
+    (no GpuSpec fields at all) gives a step whose generation follows its rates."""
+    from zerofit.speed.device import CpuMeasurements, cpu_profile
+    from zerofit.speed.step_time import gpu_profile
+
+    for setup in (GRPO, dataclasses.replace(GRPO, vllm_gpu_memory_utilization=0.3)):
+        by_gpu = estimate_step_time(setup, QWEN7B, H100)
+        by_profile = estimate_step_time(setup, QWEN7B, gpu_profile(H100))
+        assert by_profile.generation_s == pytest.approx(by_gpu.generation_s)
+        assert by_profile.total_s == pytest.approx(by_gpu.total_s)
+    measured = CpuMeasurements(
+        matmul_tflops=1.0, memory_gbps=20.0, cpu_adam_params_per_s=1e9, link_gbits=10.0
+    )
+    slow = estimate_step_time(GRPO, QWEN7B, cpu_profile(measured))
+    faster_memory = dataclasses.replace(measured, memory_gbps=40.0)
+    fast = estimate_step_time(GRPO, QWEN7B, cpu_profile(faster_memory))
+    assert 0 < fast.generation_s < slow.generation_s

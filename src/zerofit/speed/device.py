@@ -59,6 +59,9 @@ class DeviceProfile:
     # (``CpuMeasurements``): its reduce-scatter costs a whole all-reduce (2.0 on two ranks).
     reduce_scatter_cost: float = 1.0
     all_gather_cost: float = 1.0
+    # the device's own memory in GiB (a catalog GPU's), for what must fit beside the training
+    # (a colocated vLLM's KV cache); None where unknown (a CPU rank)
+    memory_gib: float | None = None
 
 
 @dataclass(frozen=True)

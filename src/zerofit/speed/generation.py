@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from zerofit.hardware import GpuSpec
 from zerofit.memory.estimate import GIB, TrainSetup
 from zerofit.models.resolve import ModelSpec
+from zerofit.speed.device import DeviceProfile
 from zerofit.speed.flops import estimate_step_flops
 
 # Share of the HBM datasheet bandwidth a decode step's weight and KV reads reach, 0.85: a
@@ -125,21 +126,32 @@ class DecodeBatch:
 
 
 def decode_step_seconds(
-    model: ModelSpec, gpu: GpuSpec, batch: DecodeBatch, efficiency: float
+    model: ModelSpec, gpu: GpuSpec | DeviceProfile, batch: DecodeBatch, efficiency: float
 ) -> float:
     """One decode step: the weights and the batch's KV cache read once, or the step's matmuls
     (``efficiency`` of the dense peak) when a large batch makes them take longer."""
+    from zerofit.speed.step_time import as_device
+
+    device = as_device(gpu)
     cache = batch.sequences * batch.context * kv_bytes_per_token(model, batch.kv_element_bytes)
     read = model.params * batch.weight_bytes + cache
-    memory_s = read / (gpu.hbm_gbps * 1e9 * DECODE_HBM_EFFICIENCY)
+    memory_s = read / (device.memory_gbps * 1e9 * DECODE_HBM_EFFICIENCY)
     attention = 4 * model.num_layers * model.num_heads * model.head_dim * batch.context
     flops = batch.sequences * (2 * model.active_params + attention)
-    return max(memory_s, flops / (gpu.bf16_tflops * 1e12 * efficiency))
+    return max(memory_s, flops / (device.peak_tflops * 1e12 * efficiency))
 
 
-def vllm_waves(setup: TrainSetup, model: ModelSpec, gpu: GpuSpec, sequences: int) -> int:
-    """Waves vLLM needs when its share of the GPU cannot cache every sequence at once."""
-    share = (setup.vllm_gpu_memory_utilization or 0.0) * gpu.memory_gib * GIB
+def vllm_waves(
+    setup: TrainSetup, model: ModelSpec, gpu: GpuSpec | DeviceProfile, sequences: int
+) -> int:
+    """Waves vLLM needs when its share of the GPU cannot cache every sequence at once (one
+    wave on a device of unknown memory)."""
+    from zerofit.speed.step_time import as_device
+
+    device = as_device(gpu)
+    if device.memory_gib is None:
+        return 1
+    share = (setup.vllm_gpu_memory_utilization or 0.0) * device.memory_gib * GIB
     kv_space = share - model.params * 2
     per_sequence = setup.seq_len * kv_bytes_per_token(model, 2)
     fits = int(kv_space // per_sequence) if kv_space > 0 else 1
@@ -149,25 +161,29 @@ def vllm_waves(setup: TrainSetup, model: ModelSpec, gpu: GpuSpec, sequences: int
 def estimate_generation_time(
     setup: TrainSetup,
     model: ModelSpec,
-    gpu: GpuSpec,
+    gpu: GpuSpec | DeviceProfile,
     *,
     ring_gbps: float,
     gather_for_generation: bool = True,
 ) -> GenerationTime:
     """GRPO's generation seconds per optimizer step of ``setup``.
 
-    ``ring_gbps``: what the job's ring collective reaches, GB/s (step_time.Links.ring_gbps),
-    for ZeRO-3's gathers. ``gather_for_generation``: TRL's ``ds3_gather_for_generation``.
+    ``gpu``: a catalog GPU or any device's ``DeviceProfile`` (its rates are read from the
+    profile either way, as ``estimate_step_time`` does). ``ring_gbps``: what the job's ring
+    collective reaches, GB/s (step_time.Links.ring_gbps), for ZeRO-3's gathers.
+    ``gather_for_generation``: TRL's ``ds3_gather_for_generation``.
     """
-    from zerofit.speed.step_time import STAGE3_HOOK_S_PER_LAYER, compute_efficiency, ring_seconds
+    from zerofit.speed.step_time import as_device, ring_seconds
+
+    device = as_device(gpu)
 
     rounds = generation_rounds(setup)
     sequences = completions_per_round(setup)
     prompt = max(1, setup.seq_len - setup.completion_len)
     vllm = bool(setup.vllm_gpu_memory_utilization)
-    peak = gpu.bf16_tflops * 1e12
+    peak = device.peak_tflops * 1e12
     prefill_flops = estimate_step_flops(model, seq_len=prompt, sequences=sequences).forward
-    prefill_s = prefill_flops / (peak * compute_efficiency(gpu, sequences * prompt))
+    prefill_s = prefill_flops / (peak * device.efficiency.at(sequences * prompt))
     # vLLM loads the checkpoint in 16 bits; transformers generates with the training weights:
     # the compute dtype under DeepSpeed, the load dtype without it (TrainSetup.weight_bytes)
     batch = DecodeBatch(
@@ -176,22 +192,22 @@ def estimate_generation_time(
         weight_bytes=2 if vllm else setup.weight_bytes,
         kv_element_bytes=2 if vllm or setup.precision != "fp32" else 4,
     )
-    step_s = decode_step_seconds(model, gpu, batch, compute_efficiency(gpu, sequences))
+    step_s = decode_step_seconds(model, device, batch, device.efficiency.at(sequences))
     gathered = model.params * 2
     sharded = setup.stage == 3 and setup.world_size > 1
     gather_s = ring_seconds(gathered, setup.world_size, ring_gbps) if sharded else 0.0
     if vllm:
-        waves = vllm_waves(setup, model, gpu, sequences)
+        waves = vllm_waves(setup, model, device, sequences)
         decode_s = rounds * setup.completion_len * (step_s + VLLM_STEP_S) * waves
         # sync_weights, once per optimizer step: every parameter gathered (ZeRO-3), then
         # written into vLLM's copy
-        weights_s = gather_s + 2 * gathered / (gpu.hbm_gbps * 1e9 * DECODE_HBM_EFFICIENCY)
+        weights_s = gather_s + 2 * gathered / (device.memory_gbps * 1e9 * DECODE_HBM_EFFICIENCY)
     else:
         step_s += HF_DECODE_STEP_S + model.num_layers * HF_DECODE_S_PER_LAYER
         weights_s = rounds * gather_s if gather_for_generation else 0.0
         if not gather_for_generation and sharded:
             # every forward gathers each module and runs its hooks (partitioned_param_coordinator)
-            per_forward = gather_s + model.num_layers * STAGE3_HOOK_S_PER_LAYER
+            per_forward = gather_s + model.num_layers * device.stage3_hook_s_per_layer
             step_s += per_forward
             prefill_s += per_forward
         decode_s = rounds * setup.completion_len * step_s
@@ -199,7 +215,7 @@ def estimate_generation_time(
     if setup.uses_reference:
         scored = estimate_step_flops(model, seq_len=setup.seq_len, sequences=sequences).forward
         tokens = setup.micro_batch * setup.seq_len  # scored in micro batches
-        scoring_s = rounds * scored / (peak * compute_efficiency(gpu, tokens))
+        scoring_s = rounds * scored / (peak * device.efficiency.at(tokens))
     return GenerationTime(
         engine="vllm" if vllm else "transformers",
         rounds=rounds,

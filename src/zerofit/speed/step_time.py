@@ -169,6 +169,7 @@ def gpu_profile(gpu: GpuSpec) -> DeviceProfile:
         optimizer_step_overhead_s=OPTIMIZER_STEP_OVERHEAD_S,
         stage3_hook_s_per_layer=STAGE3_HOOK_S_PER_LAYER,
         link_efficiency=LINK_EFFICIENCY,
+        memory_gib=gpu.memory_gib,
     )
 
 
