@@ -158,11 +158,27 @@ def test_hpz_gathers_across_nodes_once_per_step_then_inside_the_node():
     node_gather = ring_seconds(MODEL.params * 2, 8, H100.link_gbps * LINK_EFFICIENCY)
     assert plain.during_forward == pytest.approx(4 * world_gather)
     assert hpz.during_forward == pytest.approx(world_gather + 3 * node_gather)
-    # plain ZeRO-3's backward gathers again what forward released (a 7B model: 93 %)
+    # ZeRO-3's backward gathers again what forward released (a 7B model: 93 %), with or
+    # without hpZ; hpZ gathers it from the node's secondary shards
     released = stage3_backward_gather_elements(ZERO3_FOUR_NODES, MODEL)
     reduce_scatter = plain.during_backward / 4 - ring_seconds(released * 2, 32, network)
-    assert hpz.during_backward == pytest.approx(4 * (node_gather + reduce_scatter))
+    node_regather = ring_seconds(released * 2, 8, H100.link_gbps * LINK_EFFICIENCY)
+    assert hpz.during_backward == pytest.approx(4 * (node_regather + reduce_scatter))
     assert hpz.during_backward < plain.during_backward / 1.8
+
+
+def test_hpz_backward_gathers_only_what_forward_released():
+    """A model forward keeps gathered whole (under ~0.5B at DeepSpeed's reuse distance) needs
+    no backward gather under hpZ either: backward is the gradient reduce-scatter alone."""
+    small = resolve_model("qwen2.5-0.5b")
+    setup = dataclasses.replace(ZERO3_FOUR_NODES, zero_plus="hpz")
+    assert stage3_backward_gather_elements(setup, small) == 0
+    from zerofit.speed.step_time import LINK_EFFICIENCY, Links, communication_seconds
+
+    links = Links(H100.link_gbps, 100 / 8)
+    comm = communication_seconds(setup, small, links, small.params)
+    reduce_scatter = ring_seconds(small.params * 2, 32, 100 / 8 * LINK_EFFICIENCY)
+    assert comm.during_backward == pytest.approx(4 * reduce_scatter)
 
 
 def test_qwz_halves_the_gathers_and_qgz_cuts_inter_node_gradient_bytes_about_4x():

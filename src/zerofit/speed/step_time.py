@@ -294,6 +294,10 @@ def zero_plus_communication_seconds(
       ``_post_step`` -> ``invalidate_secondary_tensor``). So only the first micro step's forward
       gathers across nodes; backward's and the later micro steps' forward gathers stay inside
       the node.
+      Backward gathers again only what forward released, as without hpZ
+      (``stage3_backward_gather_elements``): each rank's secondary shard holds 1/L of a
+      parameter, and the node's all-gather of those shards sends (L-1)/L of the released
+      parameters to each rank, not of the whole model.
     - qwZ: every all-gather, the node's included, sends int8 weights and fp32 group scales
       instead of 16-bit weights (``_all_gather_coalesced`` with ``quantize``).
     - qgZ: the gradients of 2-D weights leave through an int4 all-to-all inside the node, a local
@@ -321,8 +325,10 @@ def zero_plus_communication_seconds(
         )
     else:
         reduce = ring_seconds(trainable * links.element_bytes, ranks, world)
+    regather_elements = stage3_backward_gather_elements(setup, model)
+    node_regather = ring_seconds(regather_elements * weight_bytes, per_node, intra)
     forward = world_gather + (micro_steps - 1) * node_gather
-    return CommSeconds(forward, micro_steps * (node_gather + reduce), 0.0)
+    return CommSeconds(forward, micro_steps * (node_regather + reduce), 0.0)
 
 
 def offload_seconds(
