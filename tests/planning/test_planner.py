@@ -107,3 +107,28 @@ def test_grpo_plans_time_the_step_with_its_generation():
     p = plan(Answers(gpu="H100-SXM", workload="grpo", seq_len=1024, num_generations=4), QWEN25_7B)
     assert p.step_time_s > 0 and p.time_breakdown["generation_s"] > 0
     assert all(a.step_time_s is not None for a in p.alternatives)
+
+
+def test_a_suggestions_fastest_fit_offers_zero_plus_on_the_nodes_it_spans():
+    """``fastest_fit`` (what a suggestion quotes) searches the grid of the world it is given: on
+    two nodes over a slow network ZeRO++'s int8 gathers and int4 gradients beat every plain
+    option, and on one node ZeRO++ is never offered (it only pays across nodes)."""
+    from zerofit.planning.options import all_options
+    from zerofit.planning.planner import evaluate_grid, fastest_fit, fastest_of, plan_inputs
+
+    gpu = lookup("A100-80GB")
+    answers = Answers(
+        gpu="A100-80GB",
+        gpus_per_node=8,
+        num_nodes=2,
+        seq_len=2048,
+        inter_node_gbps=10.0,
+        host_ram_gib=1024.0,
+    )
+    inputs = plan_inputs(QWEN25_7B, answers, gpu, "bf16", 1)
+    fit = fastest_fit(inputs)
+    fitting = [c for c in evaluate_grid(inputs, all_options(2), [1]) if c.fits]
+    assert fit.option == fastest_of(fitting).option
+    assert fit.option.zero_plus == "hpz+qwz+qgz"
+    one_node = fastest_fit(inputs.vary(world_size=8))
+    assert one_node is not None and one_node.option.zero_plus == "none"

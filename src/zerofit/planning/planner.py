@@ -130,6 +130,11 @@ class PlanInputs:
         """The GPU memory a configuration may use."""
         return self.gpu.memory_gib * self.answers.headroom
 
+    @property
+    def num_nodes(self) -> int:
+        """Nodes of this world (a suggestion's world may span more nodes than the answers')."""
+        return math.ceil(self.world_size / max(1, self.gpus_per_node))
+
     def vary(
         self,
         *,
@@ -491,8 +496,9 @@ def best_of(candidates: list[Candidate]) -> Candidate:
 
 def fastest_fit(inputs: PlanInputs) -> Candidate | None:
     """The fastest option that fits under ``inputs`` at micro batch 1, searched over every option
-    whatever the user's overrides (what a suggestion offers); None when none fits."""
-    fitting = [c for c in evaluate_grid(inputs, all_options(), [1]) if c.fits]
+    whatever the user's overrides (what a suggestion offers), ZeRO++ included where ``inputs``
+    span more than one node; None when none fits."""
+    fitting = [c for c in evaluate_grid(inputs, all_options(inputs.num_nodes), [1]) if c.fits]
     return fastest_of(fitting) if fitting else None
 
 
