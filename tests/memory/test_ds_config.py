@@ -86,3 +86,23 @@ def test_unreadable_texts_are_one_error():
         assert raised.value.field == "--config"
         assert raised.value.problem.startswith("c.txt is not valid ")
     assert load_accelerate_yaml("num_processes: 2", "--config", "a.yaml") == {"num_processes": 2}
+
+
+def test_zero_plus_keys_become_the_setups_zero_plus_at_stage_3_only():
+    """A user's ZeRO++ keys (DeepSpeedZeroConfig's ``zero_hpz_partition_size``,
+    ``zero_quantized_weights``, ``zero_quantized_gradients``) reach TrainSetup.zero_plus; below
+    stage 3 DeepSpeed ignores them, and a block without them says nothing."""
+    zero_plus = {
+        "zero_hpz_partition_size": 8,
+        "zero_quantized_weights": True,
+        "zero_quantized_gradients": True,
+    }
+    read = read_ds_config({"zero_optimization": {"stage": 3, **zero_plus}}, 4096)
+    assert read["zero_plus"] == "hpz+qwz+qgz"
+    hpz_only = {"stage": 3, "zero_hpz_partition_size": 8}
+    assert read_ds_config({"zero_optimization": hpz_only}, 4096)["zero_plus"] == "hpz"
+    weights_only = {"stage": 3, "zero_quantized_weights": True}
+    assert read_ds_config({"zero_optimization": weights_only}, 4096)["zero_plus"] == "qwz"
+    assert "zero_plus" not in read_ds_config({"zero_optimization": {"stage": 3}}, 4096)
+    stage2 = read_ds_config({"zero_optimization": {"stage": 2, **zero_plus}}, 4096)
+    assert "zero_plus" not in stage2

@@ -193,6 +193,15 @@ def test_qwz_halves_the_gathers_and_qgz_cuts_inter_node_gradient_bytes_about_4x(
     assert 4.5 < ratio < 5.5  # 2 B x 31/32 against 0.5 B x 3/4: 5.2x
 
 
+def test_qwz_without_hpz_gathers_int8_across_the_world_every_time():
+    """A user's file may quantize weights without the secondary partition: every gather still
+    crosses nodes, in int8 (about half of plain ZeRO-3's bytes)."""
+    plain = _comm(ZERO3_FOUR_NODES)
+    qwz = _comm(dataclasses.replace(ZERO3_FOUR_NODES, zero_plus="qwz"))
+    assert qwz.during_forward == pytest.approx(plain.during_forward / 2, rel=1e-3)
+    assert plain.during_backward / 2 < qwz.during_backward < plain.during_backward
+
+
 def test_zero_plus_changes_nothing_below_stage_3_and_pays_only_on_a_slow_network():
     stage2 = dataclasses.replace(ZERO3_FOUR_NODES, stage=2)
     assert _comm(dataclasses.replace(stage2, zero_plus="hpz")) == _comm(stage2)

@@ -94,7 +94,8 @@ def read_ds_config(ds: dict, hidden_size: int) -> dict[str, Any]:
 
 def read_zero_block(zero: dict, hidden_size: int) -> dict[str, Any]:
     """Stage, buckets, overlap and offload from ``zero_optimization``, as DeepSpeedZeroConfig
-    parses it (its defaults for what the block leaves out)."""
+    parses it (its defaults for what the block leaves out), and ``zero_plus`` where the block
+    turns ZeRO++ on at stage 3."""
     out: dict[str, Any] = {}
     stage = zero.get("stage", 0)
     if not _is_auto(stage):
@@ -118,7 +119,27 @@ def read_zero_block(zero: dict, hidden_size: int) -> dict[str, Any]:
         bool(parsed.overlap_comm) if parsed.overlap_comm is not None else out.get("stage") == 3
     )
     out.update(_read_offload(parsed, out.get("stage", 3)))
+    zero_plus = _read_zero_plus(parsed)
+    if zero_plus != "none" and out.get("stage", 3) == 3:
+        out["zero_plus"] = zero_plus
     return out
+
+
+def _read_zero_plus(parsed) -> str:
+    """ZeRO++ as TrainSetup.zero_plus names it (``hpz``, ``qwz``, ``qgz`` joined by ``+``, or
+    ``none``), from DeepSpeedZeroConfig's ``zero_hpz_partition_size`` (> 1: the secondary
+    partition), ``zero_quantized_weights`` and ``zero_quantized_gradients``
+    (deepspeed/runtime/zero/config.py). Only ZeRO-3 reads them (stage3.py
+    ``DeepSpeedZeroOptimizer_Stage3``, partition_parameters.py ``Init``), so the caller drops
+    them below stage 3. hpZ's partition is taken as one node, the size zerofit writes."""
+    parts = []
+    if int(parsed.zero_hpz_partition_size or 1) > 1:
+        parts.append("hpz")
+    if parsed.zero_quantized_weights:
+        parts.append("qwz")
+    if parsed.zero_quantized_gradients:
+        parts.append("qgz")
+    return "+".join(parts) or "none"
 
 
 def _parse_zero(zero: dict):

@@ -284,7 +284,8 @@ QGZ_BYTES_PER_ELEMENT = 0.5
 def zero_plus_communication_seconds(
     setup: TrainSetup, model: ModelSpec, links: Links, trainable: int
 ) -> CommSeconds:
-    """ZeRO-3's collectives under ZeRO++ (planning/options.py), as DeepSpeed 0.19 issues them.
+    """ZeRO-3's collectives under ZeRO++ (planning/options.py, or any of hpz, qwz, qgz from a
+    user's file: memory/ds_config.py ``read_zero_block``), as DeepSpeed 0.19 issues them.
 
     - hpZ: forward releases each parameter into a second shard inside the node
       (partition_parameters.py ``Init._partition_param_sec``), and every later all-gather of it
@@ -326,6 +327,9 @@ def zero_plus_communication_seconds(
     else:
         reduce = ring_seconds(trainable * links.element_bytes, ranks, world)
     regather_elements = stage3_backward_gather_elements(setup, model)
+    if not setup.zero_plus.startswith("hpz"):  # qwZ / qgZ alone: every gather crosses nodes
+        world_regather = ring_seconds(regather_elements * weight_bytes, ranks, world)
+        return CommSeconds(micro_steps * world_gather, micro_steps * (world_regather + reduce), 0)
     node_regather = ring_seconds(regather_elements * weight_bytes, per_node, intra)
     forward = world_gather + (micro_steps - 1) * node_gather
     return CommSeconds(forward, micro_steps * (node_regather + reduce), 0.0)
