@@ -15,12 +15,11 @@ speed/generation.py names what one run of it on an H200 showed.
 
 from __future__ import annotations
 
-import json
 import os
-import time
 from contextlib import contextmanager, nullcontext
 
 import torch
+from generate_timing import JsonLines, generate_seconds, timed
 from transformers import AutoModelForCausalLM, Qwen2Config
 
 TINY = os.environ.get("TINY") == "1"
@@ -47,19 +46,6 @@ else:
         tie_word_embeddings=True,
     )
     BATCH, PROMPT, NEW, MICRO = 64, 64, 256, 16
-# TRL 1.16 GRPOTrainer's generation kwargs at GRPOConfig's defaults
-TRL = dict(do_sample=True, top_k=0, top_p=1.0, temperature=1.0, repetition_penalty=1.0)
-
-
-def timed(fn) -> float:
-    """Wall seconds of ``fn()`` with the GPU drained before and after."""
-    if DEVICE == "cuda":
-        torch.cuda.synchronize()
-    start = time.perf_counter()
-    fn()
-    if DEVICE == "cuda":
-        torch.cuda.synchronize()
-    return time.perf_counter() - start
 
 
 @contextmanager
@@ -79,14 +65,6 @@ def zero3_gathered(engine):
         if coordinator is not None and not coordinator.is_invalid_trace():
             coordinator._invalidate_trace()
         offload._register_deepspeed_module(offload.module)
-
-
-def generate_seconds(module, ids, new: int) -> float:
-    def run():
-        with torch.no_grad():
-            module.generate(ids, max_new_tokens=new, pad_token_id=0, eos_token_id=None, **TRL)
-
-    return timed(run)
 
 
 def training_ids():
@@ -150,15 +128,14 @@ def main() -> None:
     for key in ("RANK", "LOCAL_RANK"):
         os.environ.setdefault(key, "0")
     os.environ.setdefault("WORLD_SIZE", "1")
-    out = open(os.path.join(os.environ.get("OUT", "."), "ds_generate_overhead.jsonl"), "w")
     rows = [plain_row()]
     import deepspeed
 
     deepspeed.init_distributed(dist_backend="nccl" if DEVICE == "cuda" else "gloo")
     rows += [deepspeed_row(2), deepspeed_row(3)]
-    for row in rows:
-        print(json.dumps(row), flush=True)
-        out.write(json.dumps(row) + "\n")
+    with JsonLines("ds_generate_overhead") as out:
+        for row in rows:
+            out.write(row)
 
 
 if __name__ == "__main__":

@@ -9,11 +9,8 @@ on them.
 
     python3 benchmarks/hf_generate_decode.py      # needs a CUDA GPU, ~90 s on an H100
 """
-import json
-import os
-import time
-
 import torch
+from generate_timing import JsonLines, generate, timed
 from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
 
 SHAPES = {  # the configs' shapes (Qwen2.5 and Llama-3.1 config.json), random weights
@@ -52,22 +49,6 @@ SHAPES = {  # the configs' shapes (Qwen2.5 and Llama-3.1 config.json), random we
     ),
 }
 PROMPT, NEW = 256, 64
-# TRL 1.16 GRPOTrainer's generation kwargs at GRPOConfig's defaults (no min_new_tokens)
-TRL = dict(do_sample=True, top_k=0, top_p=1.0, temperature=1.0, repetition_penalty=1.0)
-
-
-def timed(fn) -> float:
-    """Wall seconds of ``fn()`` with the GPU drained before and after."""
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    fn()
-    torch.cuda.synchronize()
-    return time.perf_counter() - start
-
-
-def generate(model, ids, new: int) -> None:
-    with torch.no_grad():
-        model.generate(ids, max_new_tokens=new, pad_token_id=0, eos_token_id=None, **TRL)
 
 
 def measure(model, batch: int) -> list[float]:
@@ -82,26 +63,30 @@ def measure(model, batch: int) -> list[float]:
     return repeats
 
 
+def measure_shape(out: JsonLines, name: str, config) -> None:
+    """Both batches of one model shape, one row each."""
+    with torch.device("cuda"):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).eval()
+    for batch in (1, 32):
+        repeats = measure(model, batch)
+        row = {
+            "model": name,
+            "layers": config.num_hidden_layers,
+            "batch": batch,
+            "prompt": PROMPT,
+            "new": NEW,
+            "per_token_ms": sum(repeats[1:]) / len(repeats[1:]),
+            "repeats_ms": repeats,
+        }
+        out.write(row)
+    del model
+    torch.cuda.empty_cache()
+
+
 def main() -> None:
-    out = open(os.path.join(os.environ.get("OUT", "."), "hf_generate_decode.jsonl"), "w")
-    for name, config in SHAPES.items():
-        with torch.device("cuda"):
-            model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).eval()
-        for batch in (1, 32):
-            repeats = measure(model, batch)
-            row = {
-                "model": name,
-                "layers": config.num_hidden_layers,
-                "batch": batch,
-                "prompt": PROMPT,
-                "new": NEW,
-                "per_token_ms": sum(repeats[1:]) / len(repeats[1:]),
-                "repeats_ms": repeats,
-            }
-            print(json.dumps(row), flush=True)
-            out.write(json.dumps(row) + "\n")
-        del model
-        torch.cuda.empty_cache()
+    with JsonLines("hf_generate_decode") as out:
+        for name, config in SHAPES.items():
+            measure_shape(out, name, config)
 
 
 if __name__ == "__main__":
