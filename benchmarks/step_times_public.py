@@ -24,6 +24,7 @@ Run: .venv/bin/python benchmarks/step_times_public.py [--limit N]   (a few secon
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import re
 import statistics
@@ -140,6 +141,14 @@ UNMODELED_OPTIONS = (
     "torch_compile",
     "zenflow",
 )
+# the rows' attention kernels as transformers names them (speed/step_time.py times
+# FlashAttention-3 apart; the others run at the fitted efficiency)
+ATTENTION_KERNELS = {
+    "flash": "flash_attention_2",
+    "flash3": "flash_attention_3",
+    "sdpa": "sdpa",
+    "eager": "eager",
+}
 LORA_TRAINABLE_SHARE = 0.01  # LoRA adapters: ~1 % of the weights (rank 64 on every projection)
 
 
@@ -248,9 +257,13 @@ def express(row: dict) -> Expressed:
         seq_len=setup["seq_len"],
         grad_accum=setup["grad_accum"],
         workload=setup["workload"],
+        attention=ATTENTION_KERNELS.get(setup.get("attention"), "sdpa"),
     )
     trainable = None
     if setup["tuning"] in ("lora", "lora-emb"):
+        # PEFT's LoRA path (speed/step_time.py ``adapter_elementwise_seconds``): the rows'
+        # scripts adapt every projection, with dropout (TrainSetup's default)
+        train_setup = dataclasses.replace(train_setup, finetuning="lora")
         trainable = int(model.params * LORA_TRAINABLE_SHARE)
         if setup["tuning"] == "lora-emb" or (setup.get("options") or {}).get(
             "lora_trains_embeddings"

@@ -62,7 +62,7 @@ def test_the_cpu_profile_carries_each_measurement() -> None:
     assert (device.reduce_scatter_cost, device.all_gather_cost) == (2.0, 1.5)
     # no fitted fixed costs: what Python costs on the CPU shows up as error
     assert device.micro_step_overhead_s == device.optimizer_step_overhead_s == 0.0
-    assert device.stage3_hook_s_per_layer == 0.0
+    assert device.grad_hook_s_per_tensor == device.stage3_fetch_s_per_module == 0.0
 
 
 def test_an_fp32_zero1_step_on_the_cpu_profile_by_hand() -> None:

@@ -46,7 +46,10 @@ class DeviceProfile:
     cpu_adam_host_gbps: float  # DeepSpeedCPUAdam's bytes per second over the host's memory
     micro_step_overhead_s: float  # Python, kernel launches, the data loader per micro step
     optimizer_step_overhead_s: float  # gradient norm, clipping, scheduler, logging per step
-    stage3_hook_s_per_layer: float  # ZeRO-3's parameter-coordinator hooks per layer, micro step
+    # host seconds of DeepSpeed's hooks (step_time.py ``hook_seconds``): each trainable tensor's
+    # gradient hook, each ZeRO-3 submodule's fetch and release, per pass of a micro step
+    grad_hook_s_per_tensor: float
+    stage3_fetch_s_per_module: float
     link_efficiency: float  # the share of a link's bandwidth a ring collective reaches
     # Collectives run beside the compute (NCCL on its own CUDA streams: overlap_comm, ZeRO-3's
     # prefetch). False: each collective holds the rank until it ends (see cpu_profile).
@@ -109,7 +112,8 @@ def cpu_profile(measured: CpuMeasurements) -> DeviceProfile:
         cpu_adam_host_gbps=cpu_adam_gbps,
         micro_step_overhead_s=0.0,
         optimizer_step_overhead_s=0.0,
-        stage3_hook_s_per_layer=0.0,
+        grad_hook_s_per_tensor=0.0,
+        stage3_fetch_s_per_module=0.0,
         link_efficiency=1.0,
         overlaps_comm=False,
         wire_bytes_follow_precision=True,

@@ -33,7 +33,9 @@ Not modeled: what a DeepSpeed engine adds to generation on the same GPU. TRL 1.1
 ZeRO-3 on one H100; this model predicts 5.5, 5.5 and 6.0 s. benchmarks/ds_generate_overhead.py
 on one H200 (same shape) found generation of the 64 x 256 batch 4.9-6.5 s plain, 6.4-7.5 s from a
 ZeRO-2 engine's module and 7.8-9.1 s under ZeRO-3 with TRL's gather, and a training micro step
-0.08 / 0.21 / 0.32 s: part of the gap, with no mechanism found yet.
+0.08 / 0.21 / 0.32 s. The training side of that gap is DeepSpeed's hooks, which step_time.py
+now counts (``hook_seconds``, fitted on that run); the generation side has no mechanism found
+yet.
 """
 
 from __future__ import annotations
@@ -70,6 +72,16 @@ HF_DECODE_S_PER_LAYER = 0.0003
 # batch 1 on an RTX A6000 (768 GB/s): 46.4 tokens/s measured
 # (hamel.dev/notes/llm/inference/03_inference.html, 200 new tokens), 42 predicted (-9 %).
 VLLM_STEP_S = 0.003
+
+# ZeRO-3's hooks per decoder layer in each generation forward when TRL does not gather the
+# weights first (``ds3_gather_for_generation`` False): every module's fetch starts its own
+# all-gather and waits for it (partitioned_param_coordinator.py ``fetch_sub_module``), with no
+# training step's GPU work to hide behind. 5 ms per layer, the per-layer hook cost once fitted
+# on the Qwen README's ZeRO-3 training rows (qwen1-1.8b-full-seq*, qwen1-7b-full-seq*,
+# qwen1-72b-lora-z3-seq*); the training step now counts its hooks per module and tensor
+# (step_time.py ``hook_seconds``), whose single-GPU costs have no gathers to wait for.
+# Checked against DeepSpeedExamples issue 718 (tests/speed/test_generation.py).
+GENERATION_ZERO3_HOOK_S_PER_LAYER = 0.005
 
 # TRL builds vLLM colocated with max_num_seqs = per_device_train_batch_size x TP x
 # steps_per_generation (grpo_trainer.py ``VLLMGeneration(... max_num_seqs=...)``): the whole
@@ -207,7 +219,7 @@ def estimate_generation_time(
         weights_s = rounds * gather_s if gather_for_generation else 0.0
         if not gather_for_generation and sharded:
             # every forward gathers each module and runs its hooks (partitioned_param_coordinator)
-            per_forward = gather_s + model.num_layers * device.stage3_hook_s_per_layer
+            per_forward = gather_s + model.num_layers * GENERATION_ZERO3_HOOK_S_PER_LAYER
             step_s += per_forward
             prefill_s += per_forward
         decode_s = rounds * setup.completion_len * step_s

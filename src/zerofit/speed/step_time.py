@@ -11,8 +11,11 @@ time is the sum of:
 - offload: gradients to the host and parameters back over PCIe, and DeepSpeed's CPUAdam step as
   memory-bound host work (``offload_seconds``);
 - the GPU optimizer step as HBM-bound work (``gpu_optimizer_seconds``);
-- a fixed cost per micro step (Python, kernel launches, the data loader), one per optimizer step
-  and, under ZeRO-3, one per layer of each micro step (the parameter coordinator's hooks);
+- a fixed cost per micro step (Python, kernel launches, the data loader) and one per optimizer
+  step, and DeepSpeed's hooks (per trainable tensor's gradient hook at ZeRO-2/3, per module's
+  fetch and release at ZeRO-3) as far as the GPU's work does not hide them (``hook_seconds``);
+- under LoRA, PEFT's memory-bound adapter path (``adapter_elementwise_seconds``); under
+  FlashAttention-3 on Hopper, its faster attention (``attention_kernel_savings``);
 - for GRPO, the rollout that feeds the step (speed/generation.py ``estimate_generation_time``).
 
 The named constants below are the only fitted numbers; each says its value and the public rows
@@ -26,21 +29,26 @@ from dataclasses import dataclass
 
 from zerofit.hardware import GpuSpec
 from zerofit.memory.estimate import DTYPE_BYTES, TrainSetup
+from zerofit.memory.lora import is_adapter, layer_linear_shapes, targeted_modules
 from zerofit.memory.param_layout import zero3_kept_gathered_elements
 from zerofit.models.resolve import ModelSpec
 from zerofit.speed.device import DeviceProfile, EfficiencyCurve
-from zerofit.speed.flops import estimate_step_flops
-from zerofit.speed.generation import estimate_generation_time
+from zerofit.speed.flops import StepFlops, estimate_step_flops, forward_flops_per_sequence
+from zerofit.speed.generation import DECODE_HBM_EFFICIENCY, estimate_generation_time
 
 # Fitted per GPU generation (never per row), with the per-step costs below, by least squares over
 # a small grid (median |error| of the rows named):
-# - Ampere (A100/A800): peak_fraction 0.55, half_tokens 50, from the Qwen README's single-A100
+# - Ampere (A100/A800): peak_fraction 0.65, half_tokens 50, from the Qwen README's single-A100
 #   LoRA sweeps (qwen1-{1.8b,7b,14b}-lora-seq256 ... -seq8192 and the -lora-emb- rows: 36 rows,
-#   stage 0, one GPU, so no communication; median |error| 6 %). Those rows give the curve a
+#   stage 0, one GPU, so no communication; median |error| 6 %), timed with PEFT's memory-bound
+#   adapter path (``adapter_elementwise_seconds``; without it the fit took 0.55, the curve
+#   absorbing the adapters' elementwise work, and then ran full fine-tunes too slow). The
+#   same rows' long sequences gave the curve a
 #   near-flat shape: from 256 tokens per micro step on, an A100 runs these models' matmuls at
 #   about the same rate, and what makes short micro steps slow is the fixed cost per micro step
 #   below, not thin matmuls. The xtuner rows on A100 (xtuner-llama2-7b-a100x8-8k-sp1: 185 model
-#   TFLOPs of 312 at 8k tokens, 0.59) agree with the top of the curve.
+#   TFLOPs of 312 at 8k tokens, 0.59) and the Qwen README's full fine-tunes
+#   (qwen1-1.8b-full-seq8192: ~0.6) agree with the top of the curve.
 # - Hopper (H100/H200/H800/H20): peak_fraction 0.45 from torchtitan-llama3.1-8b-h100x8-fsdp and
 #   -h100x128-fsdp (5,762 and 5,605 tokens/s per GPU at 16k tokens per micro step, bf16, eager
 #   mode; errors -2 % and +2 % at 0.45); half_tokens 50 taken over from Ampere: no Hopper row
@@ -48,28 +56,52 @@ from zerofit.speed.generation import estimate_generation_time
 # - Blackwell and every other GPU: Hopper's values, unfitted: no public bf16 row names a micro
 #   batch on them.
 EFFICIENCY = {
-    "ampere": EfficiencyCurve(peak_fraction=0.55, half_tokens=50),
+    "ampere": EfficiencyCurve(peak_fraction=0.65, half_tokens=50),
     "hopper": EfficiencyCurve(peak_fraction=0.45, half_tokens=50),
     "blackwell": EfficiencyCurve(peak_fraction=0.45, half_tokens=50),
     "other": EfficiencyCurve(peak_fraction=0.45, half_tokens=50),
 }
 
-# Python, kernel launches and the data loader per micro step, 0.09 s, and the optimizer step's
+# Python, kernel launches and the data loader per micro step, 0.08 s, and the optimizer step's
 # own fixed cost (gradient norm and clipping over every tensor, the scheduler, logging), 0.1 s:
 # fitted with Ampere's curve on the same 36 Qwen LoRA rows (qwen1-1.8b-lora-seq256 and -seq512
-# both take 1.0 s for 8 micro steps, where the compute is ~0.1 s). The H100 calibration runs
-# agree: one micro step of Qwen2.5-0.5B without checkpointing takes 0.18-0.22 s
-# (tests/data/mem_h100_qwen2.5-0.5b.jsonl, z2 rows), almost none of it compute.
-MICRO_STEP_OVERHEAD_S = 0.09
+# both take 1.0 s for 8 micro steps, where the compute is ~0.15 s). A plain training step of
+# Qwen2.5-0.5B's shape on a lent H200 (benchmarks/ds_generate_overhead.py, 16 x 320 tokens,
+# torch AdamW) took 0.08 s, ~0.04 of it compute.
+MICRO_STEP_OVERHEAD_S = 0.08
 OPTIMIZER_STEP_OVERHEAD_S = 0.1
 
-# ZeRO-3's per-module hooks (deepspeed/runtime/zero/parameter_offload.py
-# ``_pre_forward_module_hook`` / ``_post_backward_module_hook`` call
-# partitioned_param_coordinator.py ``PartitionedParameterCoordinator.fetch_sub_module`` and
-# ``release_sub_module`` for every submodule, forward and backward), 5 ms per layer per micro
-# step: the Qwen README's ZeRO-3 rows (qwen1-1.8b-full-seq*, one GPU; qwen1-7b-full-seq*, two;
-# qwen1-72b-lora-z3-seq*, four: 15 rows, median |error| 15-17 % at 4-6 ms, 24 % at 0).
-STAGE3_HOOK_S_PER_LAYER = 0.005
+# DeepSpeed's hooks, per micro step: a count the model knows (``trainable_tensors``,
+# ``zero3_hooked_modules``) times a per-item cost of host (Python) time. Both costs come from
+# one lent H200 run of benchmarks/ds_generate_overhead.py (Qwen2.5-0.5B's shape, 16 x 320
+# tokens per micro step, no checkpointing, one GPU; not stored in tests/data): a training micro
+# step took 0.08 s plain, 0.21 s under ZeRO-2 and 0.32 s under ZeRO-3. On one GPU the hooks
+# show beyond the micro step's GPU work (``exposed_hook_seconds``: 0.038 s of it here), and this
+# model counts 218 trainable tensors and 318 modules of that shape, so:
+# - ``GRAD_HOOK_S_PER_TENSOR``: every trainable tensor's gradient hook where ZeRO reduces
+#   gradients as backward produces them (stage 2, and stage 1 under ``overlap_comm``:
+#   runtime/zero/stage_1_and_2.py ``DeepSpeedZeroOptimizer.create_reduce_and_remove_grad_hooks``
+#   -> ``reduce_ready_partitions_and_remove_grads`` -> ``reduce_independent_p_g_buckets_and_
+#   remove_grads``: the bucket bookkeeping, the copy into the bucket, ``average_tensor`` per full
+#   bucket; stage 3: stage3.py ``create_reduce_and_remove_grad_hooks`` ->
+#   ``reduce_ready_partitions_and_remove_grads``): (0.21 - 0.08 + 0.038) s / 218 = 0.77 ms.
+# - ``STAGE3_FETCH_S_PER_MODULE``: ZeRO-3 hooks every submodule, parameterless ones too
+#   (runtime/zero/parameter_offload.py ``DeepSpeedZeRoOffload._register_deepspeed_module``:
+#   ``_pre_forward_module_hook`` / ``_post_forward_module_hook`` and the backward pair), each
+#   call running the coordinator (partitioned_param_coordinator.py
+#   ``PartitionedParameterCoordinator.fetch_sub_module``: trace, prefetch queue, waits on the
+#   gathers' events; ``release_sub_module``): in forward, in backward, and again in
+#   checkpointing's recompute: (0.32 - 0.21) s / (318 x 2) = 0.17 ms.
+# Checked, not fitted, on the Qwen README's ZeRO-3 rows (qwen1-1.8b-full-seq*, one GPU;
+# qwen1-72b-lora-z3-seq*, four: median |error| 14 % and 8 %) and the H100 calibration runs.
+# Both run on the host between kernel launches while the GPU works through its queue, so they
+# cost a micro step only what they take beyond its GPU work (``exposed_hook_seconds``). The
+# fixed cost per micro step above is not hidden that way: transformers' Trainer waits for each
+# micro step's loss (trainer.py ``_inner_training_loop``: ``torch.isnan(tr_loss_step)`` under
+# ``logging_nan_inf_filter``, on by default), so the next micro step's data loading and input
+# preparation start on an idle GPU.
+GRAD_HOOK_S_PER_TENSOR = 0.00077
+STAGE3_FETCH_S_PER_MODULE = 0.00017
 
 # Pinned host<->GPU copies reach ~25 GB/s of PCIe Gen4 x16's 32 GB/s per direction (DeepSpeed
 # offloads through pinned buffers: runtime/zero/offload_config.py ``pin_memory``).
@@ -142,7 +174,7 @@ def gpu_generation(gpu: GpuSpec) -> str:
     key = gpu.key.upper()
     if key.startswith("B"):
         return "blackwell"
-    if key.startswith(("H100", "H200", "H800", "H20")):
+    if key.startswith(HOPPER_KEYS):
         return "hopper"
     if key.startswith(("A100", "A800")):
         return "ampere"
@@ -167,7 +199,8 @@ def gpu_profile(gpu: GpuSpec) -> DeviceProfile:
         cpu_adam_host_gbps=CPU_ADAM_HOST_GBPS,
         micro_step_overhead_s=MICRO_STEP_OVERHEAD_S,
         optimizer_step_overhead_s=OPTIMIZER_STEP_OVERHEAD_S,
-        stage3_hook_s_per_layer=STAGE3_HOOK_S_PER_LAYER,
+        grad_hook_s_per_tensor=GRAD_HOOK_S_PER_TENSOR,
+        stage3_fetch_s_per_module=STAGE3_FETCH_S_PER_MODULE,
         link_efficiency=LINK_EFFICIENCY,
         memory_gib=gpu.memory_gib,
     )
@@ -407,6 +440,147 @@ def exposed_communication_seconds(
     return exposed_forward + exposed_backward + comm.after_step
 
 
+# FlashAttention-3 on Hopper against FlashAttention-2, the kernel the efficiency curves were
+# fitted under (the public rows run flash-attention 2 or SDPA's flash backend): 1.5-2.0x its
+# forward and 1.5-1.75x its backward (Shah et al. 2024, "FlashAttention-3", arXiv 2407.08608,
+# section 4.1, bf16 at head dim 64-256); the middle of each range. Datasheet-like ratios, not
+# fitted on any row. transformers runs it as ``attn_implementation="flash_attention_3"``.
+FLASH_ATTENTION_3_SPEEDUP = {"forward": 1.75, "backward": 1.6}
+HOPPER_KEYS = ("H100", "H200", "H800", "H20")
+
+
+def attention_kernel_savings(
+    setup: TrainSetup, model: ModelSpec, device: DeviceProfile, sequences: int
+) -> StepFlops:
+    """FLOPs' worth of time one micro step's attention saves under FlashAttention-3 on a Hopper
+    GPU (``FLASH_ATTENTION_3_SPEEDUP``); nothing for any other kernel or device. The backward
+    of the products is two forwards' worth (speed/flops.py), checkpointing's recompute one."""
+    hopper = device.name.upper().startswith(HOPPER_KEYS)
+    if setup.attention != "flash_attention_3" or not hopper:
+        return StepFlops(forward=0.0, backward=0.0, recompute=0.0)
+    attention = forward_flops_per_sequence(model, setup.seq_len)["attention"] * sequences
+    forward_saved = attention * (1 - 1 / FLASH_ATTENTION_3_SPEEDUP["forward"])
+    backward_saved = 2 * attention * (1 - 1 / FLASH_ATTENTION_3_SPEEDUP["backward"])
+    recompute_saved = forward_saved if setup.gradient_checkpointing else 0.0
+    return StepFlops(forward=forward_saved, backward=backward_saved, recompute=recompute_saved)
+
+
+def layer_submodules(model: ModelSpec) -> int:
+    """Modules of one decoder layer: its linear layers (memory/lora.py ``layer_linear_shapes``),
+    two norms, the attention and MLP containers, the activation and the layer itself."""
+    return len(layer_linear_shapes(model)) + 6
+
+
+def zero3_hooked_modules(model: ModelSpec) -> int:
+    """Every module ZeRO-3 hooks (parameter_offload.py ``_register_deepspeed_module`` recurses
+    into all children): the layers' and, outside them, the root, the decoder, the embedding,
+    the final norm, the rotary embedding and the LM head."""
+    return model.num_layers * layer_submodules(model) + 6
+
+
+def trainable_tensors(model: ModelSpec, setup: TrainSetup, trainable: int) -> int:
+    """Parameter tensors that get a gradient hook: each adapter's A and B under LoRA
+    (memory/lora.py ``targeted_modules``; adapters known only by their count: one pair per
+    linear layer), else every linear weight and both norms of each layer, the embedding, the
+    final norm and an untied LM head."""
+    linears = len(layer_linear_shapes(model))
+    if is_adapter(setup):
+        targets = targeted_modules(model, setup.lora_targets)
+        inside = sum(1 for name in targets if name not in OUTSIDE_LAYERS)
+        return 2 * (inside * model.num_layers + len(targets) - inside)
+    if trainable < model.params:
+        return 2 * linears * model.num_layers
+    return model.num_layers * (linears + 2) + 2 + (0 if model.tie_embeddings else 1)
+
+
+def hook_seconds(
+    setup: TrainSetup, model: ModelSpec, device: DeviceProfile, trainable: int
+) -> float:
+    """Host seconds of DeepSpeed's hooks in one micro step: the counts above times the device's
+    per-item costs (``GRAD_HOOK_S_PER_TENSOR``, ``STAGE3_FETCH_S_PER_MODULE``).
+
+    Gradient hooks run where ZeRO reduces gradients as backward makes them: stages 2 and 3, and
+    stage 1 under ``overlap_comm`` (stage_1_and_2.py ``DeepSpeedZeroOptimizer.__init__``:
+    ``if self.partition_gradients or self.overlap_comm``, then
+    ``create_reduce_and_remove_grad_hooks``); stage 0 reduces at the boundary, no hook per
+    tensor. ZeRO-3 fetches and releases each module in forward, in backward, and in
+    checkpointing's recompute (the recomputed forward calls the pre-forward hooks again)."""
+    if setup.stage == 0:
+        return 0.0
+    seconds = 0.0
+    if setup.stage >= 2 or setup.overlap_comm:
+        seconds += trainable_tensors(model, setup, trainable) * device.grad_hook_s_per_tensor
+    if setup.stage == 3:
+        passes = 3 if setup.gradient_checkpointing else 2
+        seconds += passes * zero3_hooked_modules(model) * device.stage3_fetch_s_per_module
+    return seconds
+
+
+def exposed_hook_seconds(
+    setup: TrainSetup,
+    model: ModelSpec,
+    device: DeviceProfile,
+    trainable: int,
+    gpu_micro_step_s: float,
+) -> float:
+    """What the hooks add to one micro step (``hooks`` host seconds beside ``gpu`` seconds of
+    the micro step's kernels).
+
+    The host runs the hooks between kernel launches while the GPU works through its queue. On
+    one rank nothing holds the host back: ZeRO-3's fetch has no collective to start
+    (partition_parameters.py ``all_gather_coalesced``: ``_partition_world_size == 1`` ->
+    ``_no_gather_coalesced``), so the fetch events the coordinator waits on are complete at
+    once, and the host runs a whole micro step ahead: only ``hooks - gpu`` shows. Across ranks
+    the coordinator lets the host run at most two fetches ahead of the gathers
+    (partitioned_param_coordinator.py ``fetch_sub_module``: ``__max_ongoing_fetch_events = 2``,
+    ``Event.synchronize``), and the gradient hooks wait on the buckets' reductions, so host
+    and GPU take turns module by module: the hooks are hidden in proportion to the GPU's share
+    of the pair, ``hooks x gpu / (hooks + gpu)``, leaving ``hooks^2 / (hooks + gpu)``."""
+    hooks = hook_seconds(setup, model, device, trainable)
+    if hooks <= 0:
+        return 0.0
+    if setup.world_size <= 1:
+        return max(0.0, hooks - gpu_micro_step_s)
+    return hooks * hooks / (hooks + gpu_micro_step_s)
+
+
+def adapter_elementwise_seconds(
+    setup: TrainSetup, model: ModelSpec, device: DeviceProfile, sequences: int
+) -> float:
+    """One micro step's memory-bound work of PEFT's LoRA path, which the FLOP count leaves out.
+
+    peft/tuners/lora/layer.py ``Linear.forward``: ``result = result + lora_B(lora_A(dropout(x)))
+    * scaling`` per targeted module. Per token, in bytes of the compute dtype (``b``): forward,
+    dropout reads x and writes its copy and a one-byte mask (in x (2b + 1); nothing at
+    ``lora_dropout`` 0, PEFT's ``nn.Identity``), lora_A reads the copy (in x b; its r-wide
+    output is negligible), lora_B writes out x b, the scaling reads and writes out x 2b, the
+    add reads two and writes one (out x 3b); backward, the scaling's gradient (out x 2b),
+    lora_B's input and weight gradients read it (out x 2b), lora_A's input gradient written and
+    its weight gradient reading the copy (in x 2b), dropout's backward (in x (2b + 1)) and the
+    input gradient added to the base layer's (in x 3b). Checkpointing runs the forward twice.
+    At the device's memory bandwidth, at the streaming share generation.py's decode uses
+    (``DECODE_HBM_EFFICIENCY``)."""
+    if not is_adapter(setup):
+        return 0.0
+    b = wire_element_bytes(setup, device)
+    dropout_bytes = 2 * b + 1 if setup.lora_dropout > 0 else 0
+    forward_in, forward_out = dropout_bytes + b, 6 * b
+    backward_in, backward_out = 2 * b + dropout_bytes + 3 * b, 4 * b
+    passes = 2 if setup.gradient_checkpointing else 1
+    per_token = 0.0
+    for name, (fan_in, fan_out) in targeted_modules(model, setup.lora_targets).items():
+        copies = 1 if name in OUTSIDE_LAYERS else model.num_layers
+        module_bytes = passes * (forward_in * fan_in + forward_out * fan_out)
+        module_bytes += backward_in * fan_in + backward_out * fan_out
+        per_token += copies * module_bytes
+    tokens = sequences * setup.seq_len
+    return tokens * per_token / (device.memory_gbps * 1e9 * DECODE_HBM_EFFICIENCY)
+
+
+# adapter targets outside the decoder layers (memory/lora.py ``targeted_modules``)
+OUTSIDE_LAYERS = ("lm_head", "embed_tokens")
+
+
 def sequences_per_micro_step(setup: TrainSetup) -> tuple[int, int]:
     """(sequences through forward and backward, sequences through a no-grad forward): DPO runs
     chosen and rejected together, and the reference model on both unless precomputed."""
@@ -451,6 +625,10 @@ def estimate_step_time(
     forward_s = (flops.forward + reference_flops.forward) * micro_steps / (peak * efficiency)
     backward_s = flops.backward * micro_steps / (peak * efficiency)
     recompute_s = flops.recompute * micro_steps / (peak * efficiency)
+    saved = attention_kernel_savings(setup, model, device, trained)
+    forward_s -= saved.forward * micro_steps / (peak * efficiency)
+    backward_s -= saved.backward * micro_steps / (peak * efficiency)
+    recompute_s -= saved.recompute * micro_steps / (peak * efficiency)
 
     intra = device.link_gbps if intra_node_gbps is None else intra_node_gbps
     links = Links(
@@ -468,9 +646,12 @@ def estimate_step_time(
 
     transfer_s, cpu_adam_s = offload_seconds(setup, model, trainable, device)
     gpu_step_s = gpu_optimizer_seconds(setup, device, trainable)
+    backward_s += micro_steps * adapter_elementwise_seconds(setup, model, device, trained)
+    gpu_micro_step_s = (forward_s + backward_s + recompute_s) / micro_steps
     overhead_s = micro_steps * device.micro_step_overhead_s + device.optimizer_step_overhead_s
-    if setup.stage == 3:
-        overhead_s += micro_steps * model.num_layers * device.stage3_hook_s_per_layer
+    overhead_s += micro_steps * exposed_hook_seconds(
+        setup, model, device, trainable, gpu_micro_step_s
+    )
     compute_s = forward_s + backward_s
     generation_s = None
     if setup.workload == "grpo":  # TRL generates before the micro steps that train on it
