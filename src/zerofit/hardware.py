@@ -174,6 +174,16 @@ _DETECT = [
 ]
 
 
+# Hopper GPUs by catalog name: FlashAttention-3 runs only on them (flash-attn's hopper/
+# package builds for sm90 alone), and the speed model times it only there.
+HOPPER_KEYS = ("H100", "H200", "H800", "H20")
+
+
+def is_hopper(name: str) -> bool:
+    """True for a Hopper GPU's catalog or device name (H100, H200, H800, H20)."""
+    return name.upper().startswith(HOPPER_KEYS)
+
+
 def lookup(name: str) -> GpuSpec:
     """Return the catalog entry for ``name`` (case-insensitive key or alias)."""
     key = name.strip().upper().replace(" ", "-")

@@ -86,6 +86,11 @@ def test_bounds_leave_room_for_real_jobs():
         ({"offload_optimizer": "nvme"}, "nvme_path: offload to nvme needs a path"),
         ({"gpu": "V100", "precision": "bf16"}, "precision: bf16 is not supported by NVIDIA V100"),
         ({"weights_dtype": "bf16", "precision": "fp16"}, "weights_dtype: bf16 weights cannot"),
+        (
+            {"gpu": "A100-80GB", "attention": "flash_attention_3"},
+            "attention: flash_attention_3 runs on Hopper GPUs only (H100, H200, H800, H20), "
+            "not NVIDIA A100",
+        ),
         ({"gpu_per_node": 8}, "gpu_per_node: is not a known answer"),
     ],
 )
@@ -94,6 +99,17 @@ def test_bad_answers_are_one_line_errors_naming_field_and_fix(changes, message):
         Answers(**changes)
     text = err.value.render()
     assert text.startswith(message) and "(fix: " in text and "\n" not in text
+
+
+def test_flash_attention_3_is_an_answer_on_hopper_and_times_faster_there():
+    """FlashAttention-3 is what transformers loads as attn_implementation="flash_attention_3";
+    on an H100 the speed model times its attention faster than FlashAttention-2's."""
+    from zerofit.planning.plan import plan
+
+    base = {"gpu": "H100-SXM", "model": "qwen2.5-7b", "gpus_per_node": 8, "seq_len": 8192}
+    fa2 = plan(Answers(**base, attention="flash_attention_2"))
+    fa3 = plan(Answers(**base, attention="flash_attention_3"))
+    assert fa3.step_time_s < fa2.step_time_s
 
 
 def test_main_address_is_checked_like_launch_does():

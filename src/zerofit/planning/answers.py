@@ -37,7 +37,7 @@ PRECISIONS = ("bf16", "fp16", "fp32")
 OFFLOAD_DEVICES = ("none", "cpu", "nvme")
 LAUNCHERS = ("accelerate", "torchrun", "env", "slurm", "deepspeed")
 FLAVOURS = ("explicit", "auto")
-ATTENTION = ("sdpa", "eager", "flash_attention_2")
+ATTENTION = ("sdpa", "eager", "flash_attention_2", "flash_attention_3")
 WEIGHTS_DTYPES = ("fp32", "bf16")
 # the GPUs' link inside a node: "auto" is the catalog GPU's usual one (hardware.GpuSpec)
 INTERCONNECTS = ("auto", "nvlink", "pcie")
@@ -356,9 +356,16 @@ def check_hardware(a: Answers) -> None:
         raise ZerofitError(
             "nvme_path", "offload to nvme needs a path", "pass --nvme-path /local_nvme"
         )
-    from zerofit.hardware import lookup  # local: keeps this module importable without the catalog
+    # local: keeps this module importable without the catalog
+    from zerofit.hardware import is_hopper, lookup
 
     gpu = lookup(a.gpu)
+    if a.attention == "flash_attention_3" and not is_hopper(gpu.key):
+        raise ZerofitError(
+            "attention",
+            f"flash_attention_3 runs on Hopper GPUs only (H100, H200, H800, H20), not {gpu.name}",
+            "use --attention flash_attention_2",
+        )
     if a.precision == "bf16" and not gpu.bf16:
         # DeepSpeed would stop at start-up (no bf16 kernels before Ampere); the wizard re-asks this
         raise ZerofitError(

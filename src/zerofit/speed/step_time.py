@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from zerofit.hardware import GpuSpec
+from zerofit.hardware import GpuSpec, is_hopper
 from zerofit.memory.estimate import DTYPE_BYTES, TrainSetup
 from zerofit.memory.lora import is_adapter, layer_linear_shapes, targeted_modules
 from zerofit.memory.param_layout import zero3_kept_gathered_elements
@@ -174,7 +174,7 @@ def gpu_generation(gpu: GpuSpec) -> str:
     key = gpu.key.upper()
     if key.startswith("B"):
         return "blackwell"
-    if key.startswith(HOPPER_KEYS):
+    if is_hopper(key):
         return "hopper"
     if key.startswith(("A100", "A800")):
         return "ampere"
@@ -446,7 +446,6 @@ def exposed_communication_seconds(
 # section 4.1, bf16 at head dim 64-256); the middle of each range. Datasheet-like ratios, not
 # fitted on any row. transformers runs it as ``attn_implementation="flash_attention_3"``.
 FLASH_ATTENTION_3_SPEEDUP = {"forward": 1.75, "backward": 1.6}
-HOPPER_KEYS = ("H100", "H200", "H800", "H20")
 
 
 def attention_kernel_savings(
@@ -455,8 +454,7 @@ def attention_kernel_savings(
     """FLOPs' worth of time one micro step's attention saves under FlashAttention-3 on a Hopper
     GPU (``FLASH_ATTENTION_3_SPEEDUP``); nothing for any other kernel or device. The backward
     of the products is two forwards' worth (speed/flops.py), checkpointing's recompute one."""
-    hopper = device.name.upper().startswith(HOPPER_KEYS)
-    if setup.attention != "flash_attention_3" or not hopper:
+    if setup.attention != "flash_attention_3" or not is_hopper(device.name):
         return StepFlops(forward=0.0, backward=0.0, recompute=0.0)
     attention = forward_flops_per_sequence(model, setup.seq_len)["attention"] * sequences
     forward_saved = attention * (1 - 1 / FLASH_ATTENTION_3_SPEEDUP["forward"])
