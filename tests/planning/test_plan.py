@@ -10,6 +10,7 @@ import time
 import pytest
 from memory_shapes import LLAMA31_70B, QWEN25_05B, QWEN25_7B, QWEN25_72B
 
+from zerofit.configs.presets import preset_plan
 from zerofit.errors import ZerofitError
 from zerofit.planning.answers import Answers
 from zerofit.planning.plan import plan
@@ -369,6 +370,14 @@ def test_plan_json_is_the_plan_under_todays_keys():
     assert (data["model"], data["gpu"], data["stack"]) == ("qwen2.5-0.5b", "H100-SXM", "hf")
     assert list(data["decisions"][0]) == ["field", "value", "reason"]
     assert data["alternatives"][0]["failing"] is None and len(data["alternatives"]) == 16
+
+
+def test_the_plan_reads_its_speed_from_one_speed_report():
+    p = plan(Answers(gpu="H100-SXM", host_ram_gib=64.0), model=QWEN25_05B)
+    assert p.step_time_s == p.speed.step_time_s > 0 and p.interconnect == "nvlink"
+    assert not hasattr(p, "step_time")  # only SpeedReport's own field names read through
+    preset = preset_plan(2).as_json()  # a model-free plan predicts nothing
+    assert (preset["step_time_s"], preset["run_time_h"], preset["interconnect"]) == (None, None, "")
 
 
 def test_an_offload_override_names_only_that_part_as_yours():

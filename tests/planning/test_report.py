@@ -13,7 +13,9 @@ import pytest
 from zerofit.errors import ZerofitError
 from zerofit.planning.answers import Answers
 from zerofit.planning.options import TrainingOption
+from zerofit.planning.plan import plan
 from zerofit.planning.report import (
+    ESTIMATE_SPEED_KEYS,
     EstimateReport,
     build_estimate_report,
     estimate_grad_accum,
@@ -77,11 +79,40 @@ JSON_KEYS = [
 def test_the_json_is_the_report_under_todays_keys():
     report = build_estimate_report(Answers(model="qwen2.5-0.5b", host_ram_gib=64.0))
     data = report.as_json()
-    assert list(data) == JSON_KEYS == [f.name for f in dataclasses.fields(EstimateReport)]
+    assert list(data) == JSON_KEYS
+    # the report's own fields, then its SpeedReport's at the top level, in estimate's order
+    names = [f.name for f in dataclasses.fields(EstimateReport)]
+    assert names[-1] == "speed" and JSON_KEYS == names[:-1] + list(ESTIMATE_SPEED_KEYS)
     assert data["from_files"] == [] and isinstance(data["breakdown"], dict)
     assert data["spare_gib"] == pytest.approx(data["budget_gib"] - data["gpu_need_gib"], abs=0.01)
     with pytest.raises(dataclasses.FrozenInstanceError):
         report.fits = False  # type: ignore[misc]
+
+
+def test_plan_and_estimate_report_one_configuration_at_the_same_speed():
+    """One SpeedReport, built in one place: estimate given the plan's choices reports the plan's
+    step time, run length and network, each command in its own key order."""
+    answers = Answers(
+        model="qwen2.5-0.5b", gpus_per_node=2, host_ram_gib=64.0, dataset_tokens=10_000_000
+    )
+    chosen = plan(answers)
+    fixed = answers.replace(
+        stage=chosen.stage,
+        offload_optimizer=chosen.offload_optimizer,
+        offload_param=chosen.offload_param,
+        gradient_checkpointing=chosen.gradient_checkpointing,
+        micro_batch=chosen.micro_batch,
+        global_batch=chosen.global_batch,
+    )
+    report = build_estimate_report(fixed)
+    assert report.speed == chosen.speed and chosen.speed.run_time_h is not None
+    plan_json, estimate_json = chosen.as_json(), report.as_json()
+    speed_keys = list(ESTIMATE_SPEED_KEYS)
+    assert {key: plan_json[key] for key in speed_keys} == {
+        key: estimate_json[key] for key in speed_keys
+    }
+    assert list(estimate_json)[-len(speed_keys) :] == speed_keys
+    assert list(plan_json)[-5:-3] == ["optimizer_steps", "run_time_h"]
 
 
 def test_unset_knobs_take_the_fixed_estimate_defaults():

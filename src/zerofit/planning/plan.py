@@ -13,9 +13,10 @@ from zerofit.hardware import GpuSpec
 from zerofit.planning.answers import Answers
 from zerofit.planning.decision import Decision
 from zerofit.planning.options import TrainingOption, all_options, allowed_options
+from zerofit.planning.speed_report import SPEED_FIELDS, SpeedReport, build_speed_report
 
 if TYPE_CHECKING:
-    from zerofit.planning.planner import Candidate, PlanInputs
+    from zerofit.planning.planner import Candidate, Network, PlanInputs
 
 
 @dataclass(frozen=True)
@@ -52,10 +53,11 @@ class Alternative:
         )
 
     @classmethod
-    def of(cls, candidate: Candidate, workload: str, steps: int | None) -> "Alternative":
+    def of(cls, candidate: Candidate, steps: int | None, network: Network) -> "Alternative":
         """The row of ``candidate``, its GiB rounded to 2 places; ``steps``: the run's optimizer
         steps (None: no dataset size)."""
         option = candidate.option
+        speed = build_speed_report(candidate.step, steps, network)
         return cls(
             stage=option.stage,
             offload_optimizer=option.offload_optimizer,
@@ -69,28 +71,11 @@ class Alternative:
             failing=candidate.failing_budget,
             pin_memory=candidate.pin_memory,
             zero_plus=option.zero_plus,
-            **{
-                name: value
-                for name, value in speed_fields(candidate, workload, steps).items()
-                if name != "time_breakdown"
-            },
+            step_time_s=speed.step_time_s,
+            tokens_per_s_per_gpu=speed.tokens_per_s_per_gpu,
+            mfu=speed.mfu,
+            run_time_h=speed.run_time_h,
         )
-
-
-def speed_fields(candidate: Candidate, workload: str, steps: int | None) -> dict[str, Any]:
-    """A candidate's predicted step time (GRPO's with its generation, speed/generation.py),
-    tokens/s per GPU, MFU, where the time goes and the run's hours, rounded for reports."""
-    from zerofit.planning.planner import run_hours
-
-    step = candidate.step
-    run_time_h = run_hours(steps, step.total_s)
-    return {
-        "step_time_s": round(step.total_s, 3),
-        "tokens_per_s_per_gpu": round(step.tokens_per_s_per_gpu, 1),
-        "mfu": round(step.mfu, 3),
-        "time_breakdown": step.breakdown(),
-        "run_time_h": None if run_time_h is None else round(run_time_h, 4),
-    }
 
 
 # Plan.as_json: the fields --json names otherwise, and those it leaves out
@@ -134,18 +119,16 @@ class Plan:
     pin_memory: bool = True  # offload blocks' pin_memory (page-locked host buffers)
     padded: bool = False  # micro batches estimated as padded (planner.pads_batches)
     zero_plus: str = "none"  # ZeRO++ (planning/options.py): none | hpz | hpz+qwz+qgz
-    # predicted speed (speed/step_time.py) and the run's length: optimizer steps
-    # and hours when the dataset size is given (planner.run_optimizer_steps)
-    step_time_s: float | None = None
-    tokens_per_s_per_gpu: float | None = None
-    mfu: float | None = None
-    time_breakdown: dict[str, float] | None = None
-    optimizer_steps: int | None = None
-    run_time_h: float | None = None
-    # the network the step times assume (planner.network_of)
-    interconnect: str = ""
-    intra_node_gbps: float = 0.0  # GB/s per GPU, one direction
-    inter_node_gbps: float = 0.0  # Gbit/s per node
+    # predicted speed, the run's length and the network they assume; --json prints its fields
+    # at the top level, last
+    speed: SpeedReport = field(default_factory=SpeedReport)
+
+    def __getattr__(self, name: str) -> Any:
+        """``plan.step_time_s`` (any ``SpeedReport`` field by its name) reads ``plan.speed``'s,
+        for the callers that read a plan's speed flat."""
+        if name in SPEED_FIELDS:
+            return getattr(self.speed, name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     @property
     def option(self) -> TrainingOption:
@@ -172,6 +155,9 @@ class Plan:
                 value = [asdict(row) for row in value]
             elif item.name == "suggestions":
                 value = list(value)
+            elif item.name == "speed":
+                out.update(value.as_json())
+                continue
             elif item.name == "optimizer":
                 out["stack"] = self.answers.stack  # what the optimizer and loss path follow
             out[_JSON_NAMES.get(item.name, item.name)] = value
@@ -235,7 +221,7 @@ def plan(answers: Answers, model: Any = None) -> Plan:
         _grad_accum_decision(chosen, inputs, global_batch),
     ]
     suggestions = () if chosen.fits else tuple(suggest(inputs, chosen))
-    alternatives = alternatives_of(grid, answers.workload, steps)
+    alternatives = alternatives_of(grid, steps, inputs.network)
     return _build_plan(inputs, chosen, decisions, alternatives, suggestions, steps)
 
 
@@ -250,7 +236,7 @@ def _grad_accum_decision(chosen: Candidate, inputs: PlanInputs, global_batch: in
 
 
 def alternatives_of(
-    grid: list[Candidate], workload: str, steps: int | None
+    grid: list[Candidate], steps: int | None, network: Network
 ) -> tuple[Alternative, ...]:
     """Every option of the full grid at its best micro batch, in the grid's order."""
     from zerofit.planning.planner import best_of
@@ -261,7 +247,7 @@ def alternatives_of(
     for option in all_options(num_nodes=2):
         of_option = [c for c in grid if c.option == option]
         if of_option:
-            rows.append(Alternative.of(best_of(of_option), workload, steps))
+            rows.append(Alternative.of(best_of(of_option), steps, network))
     return tuple(rows)
 
 
@@ -276,7 +262,6 @@ def _build_plan(
     from zerofit.planning.planner import pads_batches
 
     estimate, option, model = chosen.estimate, chosen.option, inputs.model
-    network = inputs.network
     grad_accum = inputs.per_rank // chosen.micro_batch
     return Plan(
         answers=inputs.answers,
@@ -310,11 +295,7 @@ def _build_plan(
         pin_memory=chosen.pin_memory,
         padded=pads_batches(inputs.answers, chosen.micro_batch),
         zero_plus=option.zero_plus,
-        **speed_fields(chosen, inputs.answers.workload, steps),
-        optimizer_steps=steps,
-        interconnect=network.interconnect,
-        intra_node_gbps=network.intra_node_gbps,
-        inter_node_gbps=network.inter_node_gbps,
+        speed=build_speed_report(chosen.step, steps, inputs.network),
     )
 
 

@@ -24,10 +24,10 @@ from zerofit.planning.planner import (
     judge,
     pick_precision,
     plan_inputs,
-    run_hours,
     run_optimizer_steps,
     step_time_of,
 )
+from zerofit.planning.speed_report import SpeedReport, build_speed_report
 
 # what a user's config files hand the estimate beyond Answers fields (memory/ds_config.py)
 SETUP_KEYS_FROM_FILES = (
@@ -36,6 +36,20 @@ SETUP_KEYS_FROM_FILES = (
     "ds_optimizer_block",
     "pin_optimizer_offload",
     "pin_param_offload",
+)
+
+# estimate --json has always printed run_time_h before optimizer_steps (plan --json after
+# them): each keeps its order for the scripts that read it
+ESTIMATE_SPEED_KEYS = (
+    "step_time_s",
+    "tokens_per_s_per_gpu",
+    "mfu",
+    "time_breakdown",
+    "run_time_h",
+    "optimizer_steps",
+    "interconnect",
+    "intra_node_gbps",
+    "inter_node_gbps",
 )
 
 
@@ -91,21 +105,9 @@ class EstimateReport:
     pin_memory: bool
     cpu_gib_unpinned: float | None
     from_files: tuple[str, ...]  # inputs read from the user's config files
-    # seconds per optimizer step and what they give (speed/step_time.py; GRPO's with its
-    # generation, speed/generation.py), on the answers' network (planner.network_of)
-    step_time_s: float | None = None
-    tokens_per_s_per_gpu: float | None = None
-    mfu: float | None = None
-    time_breakdown: dict[str, float] | None = None
-    # the run's wall time in hours when the dataset size is given: optimizer steps
-    # (planner.run_optimizer_steps) x step_time_s
-    run_time_h: float | None = None
-    optimizer_steps: int | None = None
-    # the network the step time assumes: the link inside a node (GB/s per GPU, one direction)
-    # and between nodes (Gbit/s per node)
-    interconnect: str = ""
-    intra_node_gbps: float = 0.0
-    inter_node_gbps: float = 0.0
+    # predicted speed, the run's length and the network they assume; --json prints its fields
+    # at the top level, last, in ESTIMATE_SPEED_KEYS' order
+    speed: SpeedReport = dataclasses.field(default_factory=SpeedReport)
 
     @property
     def option(self) -> TrainingOption:
@@ -128,7 +130,10 @@ class EstimateReport:
 
     def as_json(self) -> dict[str, Any]:
         """What ``zerofit estimate --json`` prints."""
-        return {**dataclasses.asdict(self), "from_files": list(self.from_files)}
+        out = dataclasses.asdict(self)
+        del out["speed"]  # its fields follow at the top level
+        out["from_files"] = list(self.from_files)
+        return {**out, **self.speed.as_json(ESTIMATE_SPEED_KEYS)}
 
 
 def estimate_option(answers: Answers) -> TrainingOption:
@@ -259,33 +264,18 @@ def build_estimate_report(
         cpu_gib_unpinned=unpinned_cpu_gib,
         from_files=tuple(sorted(key for key in files if key != "buckets"))
         + (("buckets",) if "buckets" in files else ()),
-        **_speed_fields(inputs, setup),
+        speed=_speed_of(inputs, setup),
     )
 
 
-def _speed_fields(inputs: PlanInputs, setup: TrainSetup) -> dict[str, Any]:
-    """The report's speed fields: speed/step_time.py's estimate of one optimizer step on the
-    answers' network, and the run's optimizer steps and hours when the dataset size is given
-    (GRPO's step includes its generation: speed/generation.py)."""
-    answers, network = inputs.answers, inputs.network
+def _speed_of(inputs: PlanInputs, setup: TrainSetup) -> SpeedReport:
+    """speed/step_time.py's estimate of one optimizer step of ``setup`` on the answers' network,
+    and the run's optimizer steps and hours when the dataset size is given (GRPO's step
+    includes its generation: speed/generation.py)."""
+    answers = inputs.answers
     global_batch = setup.micro_batch * setup.grad_accum * inputs.world_size
     steps = run_optimizer_steps(answers, answers.seq_len, global_batch)
-    fields: dict[str, Any] = {
-        "optimizer_steps": steps,
-        "interconnect": network.interconnect,
-        "intra_node_gbps": network.intra_node_gbps,
-        "inter_node_gbps": network.inter_node_gbps,
-    }
-    step = step_time_of(inputs, setup)
-    run_time_h = run_hours(steps, step.total_s)
-    return {
-        **fields,
-        "step_time_s": round(step.total_s, 3),
-        "tokens_per_s_per_gpu": round(step.tokens_per_s_per_gpu, 1),
-        "mfu": round(step.mfu, 3),
-        "time_breakdown": step.breakdown(),
-        "run_time_h": None if run_time_h is None else round(run_time_h, 4),
-    }
+    return build_speed_report(step_time_of(inputs, setup), steps, inputs.network)
 
 
 def _unpinned_and_padding_gib(

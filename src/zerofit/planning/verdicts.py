@@ -124,13 +124,14 @@ def run_time_words(run_time_h: float | None, optimizer_steps: int | None) -> str
 
 def speed_words(plan: Plan) -> str:
     """The plan's predicted speed and, with a dataset size, the run's length, in one line."""
+    speed = plan.speed
     line = "predicted: " + step_time_words(
-        plan.step_time_s, plan.tokens_per_s_per_gpu, plan.mfu, plan.answers.workload
+        speed.step_time_s, speed.tokens_per_s_per_gpu, speed.mfu, plan.answers.workload
     )
-    run = run_time_words(plan.run_time_h, plan.optimizer_steps)
+    run = run_time_words(speed.run_time_h, speed.optimizer_steps)
     if run:
         line += f"; {run}"
-    elif plan.step_time_s is not None:
+    elif speed.step_time_s is not None:
         line += "; give --dataset-tokens (or --dataset-samples) for the run's time"
     return line
 
@@ -138,10 +139,11 @@ def speed_words(plan: Plan) -> str:
 def network_words(plan: Plan) -> str:
     """The network the step times assume: 'NVLink 450 GB/s per GPU; 100 Gbit/s between nodes
     (assumed: set --inter-node-gbps or --cluster-facts)'."""
-    link = "NVLink" if plan.interconnect == "nvlink" else "PCIe"
-    words = f"{link} {plan.intra_node_gbps:g} GB/s per GPU"
+    speed = plan.speed
+    link = "NVLink" if speed.interconnect == "nvlink" else "PCIe"
+    words = f"{link} {speed.intra_node_gbps:g} GB/s per GPU"
     if plan.answers.num_nodes > 1:
-        words += f"; {plan.inter_node_gbps:g} Gbit/s between nodes"
+        words += f"; {speed.inter_node_gbps:g} Gbit/s between nodes"
         if plan.answers.inter_node_gbps is None:
             words += " (assumed: set --inter-node-gbps or --cluster-facts)"
     return words

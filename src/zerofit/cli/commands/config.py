@@ -274,10 +274,10 @@ def plan_summary(plan) -> dict:
             {"field": d.field, "value": d.value, "reason": d.reason} for d in plan.decisions
         ],
         "suggestions": list(plan.suggestions),
-        "step_time_s": plan.step_time_s,
-        "tokens_per_s_per_gpu": plan.tokens_per_s_per_gpu,
-        "mfu": plan.mfu,
-        "run_time_h": plan.run_time_h,
+        "step_time_s": plan.speed.step_time_s,
+        "tokens_per_s_per_gpu": plan.speed.tokens_per_s_per_gpu,
+        "mfu": plan.speed.mfu,
+        "run_time_h": plan.speed.run_time_h,
     }
 
 

@@ -186,9 +186,10 @@ def render_breakdown(report: EstimateReport):
 def render_speed(report: EstimateReport) -> str:
     """One line: seconds per optimizer step, tokens/s per GPU and MFU, and where the time goes
     (zerofit.speed.step_time)."""
-    if report.step_time_s is None or report.time_breakdown is None:
+    speed = report.speed
+    if speed.step_time_s is None or speed.time_breakdown is None:
         return f"speed: not estimated for {report.workload} (generation time is not modeled)"
-    terms = report.time_breakdown
+    terms = speed.time_breakdown
     parts = {
         "compute": terms["compute_s"] + terms["recompute_s"],
         "communication": terms["exposed_comm_s"],
@@ -199,12 +200,12 @@ def render_speed(report: EstimateReport) -> str:
     }
     where = ", ".join(f"{name} {seconds:.2f} s" for name, seconds in parts.items() if seconds)
     line = (
-        f"speed: ~{report.step_time_s:.2f} s per optimizer step, "
-        f"{report.tokens_per_s_per_gpu:,.0f} tokens/s per GPU, MFU {report.mfu:.0%} ({where})"
+        f"speed: ~{speed.step_time_s:.2f} s per optimizer step, "
+        f"{speed.tokens_per_s_per_gpu:,.0f} tokens/s per GPU, MFU {speed.mfu:.0%} ({where})"
     )
     from zerofit.planning.verdicts import run_time_words
 
-    run = run_time_words(report.run_time_h, report.optimizer_steps)
+    run = run_time_words(speed.run_time_h, speed.optimizer_steps)
     return line + (f"\n{run}" if run else "")
 
 

@@ -81,7 +81,7 @@ def render_alternatives(plan: Plan):
     per GPU, MFU and (with a dataset size) run time; the chosen one starred."""
     from rich.table import Table
 
-    with_run = plan.run_time_h is not None
+    with_run = plan.speed.run_time_h is not None
     alt = Table(title="alternatives (each at its best micro batch)")
     columns = [
         "stage",
