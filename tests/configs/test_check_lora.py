@@ -141,6 +141,42 @@ def test_cli_training_yaml_that_is_not_a_mapping_is_one_line(tmp_path, capsys):
     assert code == 2 and len(err.splitlines()) == 1 and "bad.yaml" in err and "fix:" in err
 
 
+def test_cli_training_alone_checks_the_deepspeed_json_it_names(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "ds.json").write_text(json.dumps(zero_config(3, gather=False)))
+    (tmp_path / "trl.yaml").write_text(
+        "model_name_or_path: m\nuse_peft: true\nload_in_4bit: true\ndeepspeed: ds.json\n"
+    )
+    assert main(["check", "--training", "trl.yaml", "--json"]) == 1
+    report = json.loads(capsys.readouterr().out)
+    paths = {p["path"] for p in report["problems"]}
+    assert report["files"] == ["ds.json"] and "trl.yaml:bnb_4bit_quant_storage" in paths
+    assert "ds.json:zero_optimization.stage3_gather_16bit_weights_on_model_save" in paths
+    (tmp_path / "ds.json").write_text(json.dumps(zero_config(3)))
+    command = "accelerate launch sft.py --model_name_or_path m --use_peft --deepspeed ds.json"
+    assert main(["check", "--training", command]) == 0
+    assert capsys.readouterr().out.startswith("ok: 1 file, no problems")
+
+
+@pytest.mark.parametrize(
+    ("argv", "start"),
+    [
+        ([], "check: no file to check"),
+        (["--training", "python train.py --use_peft"], "--training: the command names no "),
+        (["--training", "lora.yaml"], "--training: lora.yaml names no DeepSpeed config"),
+        (["--training", "missing.yaml"], "missing.json: does not exist"),
+    ],
+)
+def test_cli_check_with_nothing_to_judge_is_one_line(tmp_path, monkeypatch, capsys, argv, start):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "lora.yaml").write_text("model_name_or_path: m\nuse_peft: true\n")
+    (tmp_path / "missing.yaml").write_text("use_peft: true\ndeepspeed: missing.json\n")
+    assert main(["check", *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"zerofit: error: {start}") and len(err.splitlines()) == 1
+    assert "fix:" in err and ("--training" in err or "existing file" in err)
+
+
 def test_a_training_value_that_is_no_file_is_a_command():
     setup = read_training("python train.py --use_peft --device_map auto", read_text)
     assert (setup.source, setup.peft, setup.device_map) == ("command", True, "auto")

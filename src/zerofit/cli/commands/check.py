@@ -1,4 +1,5 @@
-"""`zerofit check FILE...`: validate DeepSpeed JSON and accelerate YAML, alone and together."""
+"""`zerofit check FILE...`: validate DeepSpeed JSON and accelerate YAML, alone and together;
+`zerofit check --training X` alone: the training setup against the DeepSpeed JSON it names."""
 
 from __future__ import annotations
 
@@ -16,11 +17,15 @@ def register(sub) -> None:
         "with its field path and fix. A YAML's deepspeed_config_file is checked with it, as "
         "DeepSpeed JSON whatever its name. Keys and values are judged by the installed "
         "DeepSpeed and accelerate (their own config classes and loader); zerofit's cross-file "
-        "rules come on top. "
+        "rules come on top. With --training and no FILE, the DeepSpeed JSON the training "
+        "setup names is checked with it. "
         "Exit 0 clean or warnings only, 1 errors (or warnings with --strict), 2 usage error.",
     )
     p.add_argument(
-        "files", nargs="+", metavar="FILE", help="*.json (DeepSpeed) and *.yaml (accelerate) files"
+        "files",
+        nargs="*",
+        metavar="FILE",
+        help="*.json (DeepSpeed) and *.yaml (accelerate) files (optional with --training)",
     )
     p.add_argument("--gpu", help="target GPU type (checks bf16 support), e.g. V100")
     p.add_argument(
@@ -59,6 +64,12 @@ def _read(path: str) -> str:
 def run(args) -> int:
     from zerofit.configs.check import check_files, engine
 
+    if not args.files and not args.training:
+        raise ZerofitError(
+            "check",
+            "no file to check",
+            "give DeepSpeed JSON / accelerate YAML files, or --training YAML_OR_COMMAND",
+        )
     gpu_bf16 = None
     if args.gpu:
         from zerofit.hardware import lookup
@@ -66,14 +77,7 @@ def run(args) -> int:
         gpu_bf16 = lookup(args.gpu).bf16
     client = args.client or ("trainer" if args.trainer else None)
     texts = {path: _read(path) for path in args.files}
-    training = None
-    if args.training:
-        from zerofit.configs.check.training import read_training
-
-        training = read_training(args.training, _read)
-        named = training.deepspeed
-        if named and Path(named).is_file() and named not in texts:
-            texts[named] = _read(named)
+    training = _read_training(args.training, texts) if args.training else None
     texts.update(_referenced(texts))
     problems = check_files(
         texts,
@@ -104,6 +108,28 @@ def run(args) -> int:
             + f" (checked with {judge})"
         )
     return 1 if errors else 0
+
+
+def _read_training(value: str, texts: dict[str, str]):
+    """The ``--training`` setup, with the DeepSpeed JSON it names added to ``texts`` when that
+    file exists; without any FILE, that JSON is all there is to judge the setup against, so it
+    must be named and exist."""
+    from zerofit.configs.check.training import read_training
+
+    training = read_training(value, _read)
+    named = training.deepspeed
+    if named and named not in texts and (Path(named).is_file() or not texts):
+        texts[named] = _read(named)  # a named file that is missing is a one-line error
+    if not texts:
+        where = "the command" if training.source == "command" else training.source
+        raise ZerofitError(
+            "--training",
+            f"{where} names no DeepSpeed config (no `deepspeed:` key or --deepspeed "
+            "flag) to check it against",
+            "give the DeepSpeed JSON or accelerate YAML too: zerofit check ds_config.json "
+            "--training ...",
+        )
+    return training
 
 
 def _referenced(texts: dict[str, str]) -> dict[str, str]:
