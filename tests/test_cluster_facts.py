@@ -30,11 +30,18 @@ def test_written_facts_read_back_equal(tmp_path):
     assert (data["format"], data["version"]) == (FORMAT, VERSION)
 
 
-def test_a_new_measurement_replaces_the_file(tmp_path):
+def test_a_new_measurement_replaces_the_file_only_with_force(tmp_path):
     path = tmp_path / "facts.json"
     write_cluster_facts(path, ClusterFacts(inter_node_gbps=10))
-    write_cluster_facts(path, ClusterFacts(inter_node_gbps=25, intra_node_gbps=32))
+    newer = ClusterFacts(inter_node_gbps=25, intra_node_gbps=32)
+    with pytest.raises(ZerofitError, match=r"facts.json already exists \(fix: pass --force"):
+        write_cluster_facts(path, newer)
+    assert load_cluster_facts(path) == ClusterFacts(inter_node_gbps=10.0)
+    write_cluster_facts(path, newer, force=True)
     assert load_cluster_facts(path) == ClusterFacts(inter_node_gbps=25.0, intra_node_gbps=32.0)
+    assert sorted(item.name for item in tmp_path.iterdir()) == ["facts.json"]  # no temp file
+    with pytest.raises(ZerofitError, match="is a directory"):
+        write_cluster_facts(tmp_path, newer, force=True)
 
 
 def test_writing_bad_facts_writes_nothing(tmp_path):

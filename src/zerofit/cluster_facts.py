@@ -62,13 +62,30 @@ class ClusterFacts:
         }
 
 
-def write_cluster_facts(path, facts: ClusterFacts) -> Path:
-    """Write ``facts`` to ``path`` atomically (an existing file is replaced: a new measurement
-    supersedes the old one); return the path. The facts are validated as ``load`` would."""
+def refuse_existing_facts(path, force: bool) -> None:
+    """Refuse a facts target that is a directory, or an existing file without ``force``: as every
+    zerofit writer (files.py), it never replaces a file unasked. ``doctor`` calls it before the
+    nodes measure too, so a refusal costs no measurement."""
+    target = Path(path)
+    if target.is_dir():
+        raise ZerofitError("facts-out", f"{target} is a directory", "give a file name")
+    if target.exists() and not force:
+        raise ZerofitError(
+            "facts-out",
+            f"{target} already exists",
+            "pass --force to overwrite it, or choose another --facts-out file",
+        )
+
+
+def write_cluster_facts(path, facts: ClusterFacts, force: bool = False) -> Path:
+    """Write ``facts`` to ``path`` atomically and return the path; an existing file is replaced
+    only with ``force`` (``refuse_existing_facts``). The facts are validated as ``load`` would."""
     _check_facts(facts.to_json(), str(path))
+    refuse_existing_facts(path, force)
     target = Path(path)
     text = json.dumps(facts.to_json(), indent=2) + "\n"
-    return write_files(target.parent, {target.name: text}, force=True)[0]
+    # without force, write_files places the file only if no other writer created it meanwhile
+    return write_files(target.parent, {target.name: text}, force=force)[0]
 
 
 def load_cluster_facts(path) -> ClusterFacts:

@@ -466,3 +466,22 @@ def test_allocation_mode_names_a_node_that_never_reports(tmp_path: Path, capsys)
     assert main(["doctor", "--allocation", str(tmp_path), "--nodes", "2"]) == 2 or os.environ.get(
         "SLURM_NODEID"
     )
+
+
+def test_facts_out_never_replaces_a_file_without_force(tmp_path: Path, capsys) -> None:
+    """`doctor --facts-out FILE` refuses an existing FILE before any node measures, in one line
+    naming --force; with --force the same flags pass on to the next check."""
+    existing = tmp_path / "cluster.json"
+    existing.write_text("{}")
+    argv = ["doctor", "--allocation", str(tmp_path / "reports"), "--facts-out", str(existing)]
+    argv += ["--nodes", "1", "--node-rank", "0", "--main-addr", "127.0.0.1"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        f"zerofit: error: facts-out: {existing} already exists "
+        "(fix: pass --force to overwrite it, or choose another --facts-out file)"
+    )
+    assert main([*argv, "--force"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("zerofit: error: measure-bandwidth: needs two or more nodes")
+    assert existing.read_text() == "{}"

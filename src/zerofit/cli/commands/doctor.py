@@ -213,18 +213,9 @@ def _check_bandwidth_flags(args) -> None:
             "use e.g. --bandwidth-seconds 2",
         )
     if args.facts_out:
-        _refuse_existing(Path(args.facts_out), args.force)
+        from zerofit.cluster_facts import refuse_existing_facts
 
-
-def _refuse_existing(path: Path, force: bool) -> None:
-    if path.is_dir():
-        raise ZerofitError("facts-out", f"{path} is a directory", "give a file name")
-    if path.exists() and not force:
-        raise ZerofitError(
-            "facts-out",
-            f"{path} already exists",
-            "pass --force to overwrite it, or choose another --facts-out file",
-        )
+        refuse_existing_facts(args.facts_out, args.force)
 
 
 def _allocation(args, facts: dict) -> int:
@@ -270,8 +261,8 @@ def _write_facts(args, result) -> None:
         return
     facts = build_cluster_facts(result.pairs, result.hosts, args.bandwidth_seconds)
     path = Path(args.facts_out)
-    _refuse_existing(path, args.force)  # again: it may have appeared while the nodes measured
-    write_cluster_facts(path, facts)
+    # refused again without --force: the file may have appeared while the nodes measured
+    write_cluster_facts(path, facts, force=args.force)
     print(
         f"wrote {path} (inter_node_gbps {facts.inter_node_gbps:g}: the slowest pair); "
         f"use it with `zerofit plan --cluster-facts {path}`",
