@@ -43,11 +43,11 @@ CONFIGS = {
     "zero2+offload": (2, True),
     "zero3+offload": (3, True),
 }
-# Llama shapes built from a config (no download): ~50M parameters for the benchmark, ~3M for the
+# Llama shapes built from a config (no download): ~50M parameters for the benchmark, ~1.5M for the
 # test slice, so that its slow link still runs a step in about a second.
 SHAPES = {
     "bench": dict(hidden=512, layers=8, intermediate=2048, heads=8, vocab=16000),
-    "tiny": dict(hidden=128, layers=2, intermediate=512, heads=4, vocab=8000),
+    "tiny": dict(hidden=128, layers=2, intermediate=512, heads=4, vocab=4000),
 }
 MICRO_BATCH = 2
 SEQ_LEN = 128
@@ -140,17 +140,20 @@ def worker(args: argparse.Namespace) -> int:
     progress("initialized")
     shape = SHAPES[args.shape]
     params = llama_params(shape)
+    measured = None
     for name in args.configs.split(","):
-        # measured again before each configuration: the machine's load drifts over a grid
-        measured = measure_cpu_device(
-            hidden=shape["hidden"],
-            intermediate=shape["intermediate"],
-            vocab=shape["vocab"],
-            tokens=MICRO_BATCH * SEQ_LEN,
-            partition_params=params // dist.get_world_size(),
-            link_megabytes=min(8.0, params * 4 / 2**20 / 2),
-        )
-        progress(f"device measured before {name}")
+        # measured again before each configuration: the machine's load drifts over a grid (a
+        # short slice measures once: the link, which decides it, does not drift)
+        if measured is None or not args.measure_once:
+            measured = measure_cpu_device(
+                hidden=shape["hidden"],
+                intermediate=shape["intermediate"],
+                vocab=shape["vocab"],
+                tokens=MICRO_BATCH * SEQ_LEN,
+                partition_params=params // dist.get_world_size(),
+                link_megabytes=min(8.0, params * 4 / 2**20 / 2),
+            )
+            progress(f"device measured before {name}")
         result = time_config(name, shape, args.steps)
         progress(f"{name} timed")
         if dist.get_rank() == 0:
@@ -198,8 +201,11 @@ def shape_link(namespaces, rate: str) -> None:
         subprocess.run(cmd, check=True, capture_output=True, timeout=30)
 
 
-def run_ranks(hosts, shape: str, configs: list[str], steps: int, limit: float) -> list[str]:
-    """Both ranks, each in its namespace; rank 0's output lines. Bounded by ``limit`` seconds."""
+def run_ranks(
+    hosts, shape: str, configs: list[str], steps: int, limit: float, measure_once: bool = False
+) -> list[str]:
+    """Both ranks, each in its namespace; rank 0's output lines. Bounded by ``limit`` seconds.
+    ``measure_once``: the device is measured before the first configuration only."""
     env = dict(
         os.environ,
         DS_ACCELERATOR="cpu",
@@ -212,7 +218,7 @@ def run_ranks(hosts, shape: str, configs: list[str], steps: int, limit: float) -
         OMP_NUM_THREADS="1",
     )
     argv = [sys.executable, __file__, "--worker", "--shape", shape, "--steps", str(steps)]
-    argv += ["--configs", ",".join(configs)]
+    argv += ["--configs", ",".join(configs)] + (["--measure-once"] if measure_once else [])
     procs = []
     for rank, ns in enumerate(hosts.names):
         rank_env = dict(env, RANK=str(rank), LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
@@ -249,16 +255,17 @@ def measure(
     steps: int,
     limit: float = RUN_LIMIT_S,
     tag: str = "zfsn",
+    measure_once: bool = False,
 ) -> Measured:
     """Namespaces ``tag``a/b joined by a veth pair shaped to ``link``, both ranks run; the
     namespaces and whatever runs in them are removed (tests/launch/real_cluster.py
-    ``namespace_pair``)."""
+    ``namespace_pair``). ``measure_once``: one device measurement serves every configuration."""
     sys.path.insert(0, str(REPO / "tests" / "launch"))
     from real_cluster import namespace_pair
 
     with namespace_pair(tag, "10.231.7") as hosts:
         shape_link(hosts.names, link)
-        lines = run_ranks(hosts, shape, configs, steps, limit)
+        lines = run_ranks(hosts, shape, configs, steps, limit, measure_once)
     results = [json.loads(line[7:]) for line in lines if line.startswith("RESULT ")]
     return Measured(
         link,
@@ -342,6 +349,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--configs", default=",".join(CONFIGS))
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--links", default=",".join(LINK_RATES))
+    parser.add_argument(
+        "--measure-once", action="store_true", help="measure the device once, not per config"
+    )
     parser.add_argument("--json", help="also write every measurement and prediction here")
     args = parser.parse_args(argv)
     if args.worker:
@@ -351,7 +361,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     runs = []
     for link in args.links.split(","):
-        measured = measure(link, args.shape, args.configs.split(","), args.steps)
+        configs = args.configs.split(",")
+        measured = measure(link, args.shape, configs, args.steps, measure_once=args.measure_once)
         runs.append((measured, predict(measured, args.shape)))
         print(render_table(runs[-1:]), flush=True)
     print()
