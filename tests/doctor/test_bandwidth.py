@@ -277,7 +277,7 @@ def test_a_node_that_never_comes_writes_no_facts(tmp_path: Path, capsys) -> None
     facts_out = tmp_path / "cluster.json"
     argv = ["doctor", "--allocation", str(tmp_path / "rep"), "--main-addr", "127.0.0.1"]
     argv += ["--main-port", str(find_port()), "--nodes", "2", "--node-rank", "0"]
-    argv += ["--timeout", "2", "--measure-bandwidth", "--facts-out", str(facts_out)]
+    argv += ["--timeout", "1", "--measure-bandwidth", "--facts-out", str(facts_out)]
     started = time.monotonic()
     assert main(argv) == 1
     assert time.monotonic() - started < 15
@@ -384,7 +384,7 @@ def test_shaped_link_between_namespaces_measures_its_rate(tmp_path: Path) -> Non
             tmp_path / "rep",
             hosts.addrs[0],
             facts_out,
-            seconds=1.0,
+            seconds=0.5,
             wrap=lambda rank, cmd: cluster.in_ns(hosts.names[rank], cmd),
         )
     assert node0.returncode == 0 and node1.returncode == 0, node0.stderr + node1.stderr
