@@ -24,7 +24,7 @@ def test_small_model_one_h100_picks_low_stage_without_offload():
     assert p.fits and p.stage <= 2
     assert (p.offload_optimizer, p.offload_param) == ("none", "none")
     fastest = min(a.step_time_s for a in p.alternatives if a.fits)
-    assert p.step_time_s <= fastest * 1.03
+    assert p.speed.step_time_s <= fastest * 1.03
     assert p.peak_gib + 0.5 <= 79.6 * 0.9
     reasons = {d.field: d.reason for d in p.decisions}
     assert "GiB" in reasons["stage"] and reasons["precision"].startswith("bf16")
@@ -374,8 +374,9 @@ def test_plan_json_is_the_plan_under_todays_keys():
 
 def test_the_plan_reads_its_speed_from_one_speed_report():
     p = plan(Answers(gpu="H100-SXM", host_ram_gib=64.0), model=QWEN25_05B)
-    assert p.step_time_s == p.speed.step_time_s > 0 and p.interconnect == "nvlink"
-    assert not hasattr(p, "step_time")  # only SpeedReport's own field names read through
+    assert p.speed.step_time_s > 0 and p.speed.interconnect == "nvlink"
+    assert p.as_json()["step_time_s"] == p.speed.step_time_s  # --json prints the report's fields
+    assert not hasattr(p, "step_time_s")  # one place holds them: the plan's SpeedReport
     preset = preset_plan(2).as_json()  # a model-free plan predicts nothing
     assert (preset["step_time_s"], preset["run_time_h"], preset["interconnect"]) == (None, None, "")
 

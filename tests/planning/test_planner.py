@@ -52,7 +52,7 @@ def test_nvlink_on_a_card_without_it_is_refused_naming_the_fix():
 def test_the_plan_is_the_predicted_fastest_fit_up_to_a_near_tie(answers):
     p = plan(answers, model=QWEN25_7B)
     fitting = [a.step_time_s for a in p.alternatives if a.fits]
-    assert p.fits and p.step_time_s <= min(fitting) * (1 + NEAR_TIE) + 1e-9
+    assert p.fits and p.speed.step_time_s <= min(fitting) * (1 + NEAR_TIE) + 1e-9
     reasons = " ".join(d.reason for d in p.decisions)
     assert "s/step" in reasons
 
@@ -60,16 +60,17 @@ def test_the_plan_is_the_predicted_fastest_fit_up_to_a_near_tie(answers):
 def test_a_slow_network_between_nodes_slows_the_step_and_the_plan_says_which_it_assumed():
     base = Answers(gpu="A100-80GB", gpus_per_node=8, num_nodes=2, seq_len=4096, stage=3)
     fast, slow = plan(base, model=QWEN25_7B), plan(base.replace(inter_node_gbps=10.0), QWEN25_7B)
-    assert (fast.inter_node_gbps, slow.inter_node_gbps) == (100.0, 10.0)
-    assert slow.step_time_s > fast.step_time_s
-    assert slow.time_breakdown["exposed_comm_s"] > fast.time_breakdown["exposed_comm_s"]
+    assert (fast.speed.inter_node_gbps, slow.speed.inter_node_gbps) == (100.0, 10.0)
+    assert slow.speed.step_time_s > fast.speed.step_time_s
+    exposed = [one.speed.time_breakdown["exposed_comm_s"] for one in (fast, slow)]
+    assert exposed[1] > exposed[0]
 
 
 def test_pcie_inside_the_node_slows_a_multi_gpu_step():
     base = Answers(gpu="A100-80GB", gpus_per_node=8, seq_len=2048, stage=3)
     nvlink, pcie = plan(base, QWEN25_7B), plan(base.replace(interconnect="pcie"), QWEN25_7B)
-    assert (nvlink.interconnect, pcie.interconnect) == ("nvlink", "pcie")
-    assert pcie.step_time_s > nvlink.step_time_s
+    assert (nvlink.speed.interconnect, pcie.speed.interconnect) == ("nvlink", "pcie")
+    assert pcie.speed.step_time_s > nvlink.speed.step_time_s
 
 
 def test_sequences_per_epoch_follow_tokens_packing_or_padding():
@@ -97,15 +98,18 @@ def test_the_runs_steps_and_hours():
 
 def test_plan_reports_the_run_time_from_the_dataset_size():
     p = plan(Answers(gpu="H100-SXM", seq_len=2048, dataset_tokens=2048 * 12_800), QWEN25_7B)
-    assert p.optimizer_steps == 12_800 // p.global_batch
-    assert p.run_time_h == pytest.approx(p.optimizer_steps * p.step_time_s / 3600, rel=0.01)
+    assert p.speed.optimizer_steps == 12_800 // p.global_batch
+    speed = p.speed
+    assert speed.run_time_h == pytest.approx(
+        speed.optimizer_steps * speed.step_time_s / 3600, rel=0.01
+    )
     assert all(a.run_time_h is not None for a in p.alternatives)
-    assert plan(Answers(gpu="H100-SXM", seq_len=2048), QWEN25_7B).run_time_h is None
+    assert plan(Answers(gpu="H100-SXM", seq_len=2048), QWEN25_7B).speed.run_time_h is None
 
 
 def test_grpo_plans_time_the_step_with_its_generation():
     p = plan(Answers(gpu="H100-SXM", workload="grpo", seq_len=1024, num_generations=4), QWEN25_7B)
-    assert p.step_time_s > 0 and p.time_breakdown["generation_s"] > 0
+    assert p.speed.step_time_s > 0 and p.speed.time_breakdown["generation_s"] > 0
     assert all(a.step_time_s is not None for a in p.alternatives)
 
 

@@ -154,3 +154,25 @@ def test_the_files_settings_reach_the_estimate():
     assert from_json.from_files == ("grad_accum", "buckets")
     plain = build_estimate_report(answers)
     assert plain.breakdown.get("comm_buckets") != from_json.breakdown["comm_buckets"]
+
+
+def test_zero_plus_in_a_users_json_reaches_the_estimate():
+    """A DeepSpeed JSON that turns on hpZ, qwZ and qgZ (read by read_ds_config) is estimated as
+    ZeRO++: on two nodes over a slow link its step is faster than plain ZeRO-3's."""
+    from zerofit.memory.ds_config import read_ds_config
+
+    zero = {
+        "stage": 3,
+        "zero_hpz_partition_size": 8,
+        "zero_quantized_weights": True,
+        "zero_quantized_gradients": True,
+    }
+    files = read_ds_config({"zero_optimization": zero}, hidden_size=3584)
+    assert files["zero_plus"] == "hpz+qwz+qgz"
+    answers = Answers(
+        model="qwen2.5-7b", stage=3, gpus_per_node=8, num_nodes=2, inter_node_gbps=25.0
+    )
+    zero_plus = build_estimate_report(answers, files)
+    plain = build_estimate_report(answers, {**files, "zero_plus": "none"})
+    assert "zero_plus" in zero_plus.from_files
+    assert zero_plus.speed.step_time_s < plain.speed.step_time_s

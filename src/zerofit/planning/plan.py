@@ -13,7 +13,7 @@ from zerofit.hardware import GpuSpec
 from zerofit.planning.answers import Answers
 from zerofit.planning.decision import Decision
 from zerofit.planning.options import TrainingOption, all_options, allowed_options
-from zerofit.planning.speed_report import SPEED_FIELDS, SpeedReport, build_speed_report
+from zerofit.planning.speed_report import SpeedReport, build_speed_report
 
 if TYPE_CHECKING:
     from zerofit.planning.planner import Candidate, Network, PlanInputs
@@ -122,13 +122,6 @@ class Plan:
     # predicted speed, the run's length and the network they assume; --json prints its fields
     # at the top level, last
     speed: SpeedReport = field(default_factory=SpeedReport)
-
-    def __getattr__(self, name: str) -> Any:
-        """``plan.step_time_s`` (any ``SpeedReport`` field by its name) reads ``plan.speed``'s,
-        for the callers that read a plan's speed flat."""
-        if name in SPEED_FIELDS:
-            return getattr(self.speed, name)
-        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     @property
     def option(self) -> TrainingOption:

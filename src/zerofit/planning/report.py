@@ -36,6 +36,7 @@ SETUP_KEYS_FROM_FILES = (
     "ds_optimizer_block",
     "pin_optimizer_offload",
     "pin_param_offload",
+    "zero_plus",  # ZeRO++ keys (memory/ds_config.py read_zero_block): memory and communication
 )
 
 # estimate --json has always printed run_time_h before optimizer_steps (plan --json after
