@@ -1,5 +1,5 @@
 """Helpers shared by the recipe tests: load a recipe file as a module, launch it for real under
-`accelerate launch`, SIGKILL it after a checkpoint, reload its final model in a separate process."""
+`accelerate launch`, SIGKILL it after a checkpoint, reload its final model."""
 
 from __future__ import annotations
 
@@ -175,26 +175,6 @@ def reload_final_model(final: Path, initial: Path) -> float:
         (weights.float() - reference[name].float()).abs().max().item()
         for name, weights in trained.state_dict().items()
     )
-
-
-def reload_in_new_process(final: Path, initial: Path) -> float:
-    """Load final/ with from_pretrained (model + tokenizer) in a separate process (reloading on
-    rank 0 inside a run hangs the other ranks); returns the largest weight change vs initial."""
-    check = (
-        "from transformers import AutoModelForCausalLM as M, AutoTokenizer as T\n"
-        f"a = M.from_pretrained({str(final)!r}); b = M.from_pretrained({str(initial)!r})\n"
-        f"T.from_pretrained({str(final)!r})\n"
-        "ref = b.state_dict()\n"
-        "d = max((p.float() - ref[n].float()).abs().max().item()\n"
-        "        for n, p in a.state_dict().items())\n"
-        "assert all(p.isfinite().all() for p in a.parameters())\n"
-        "print('DIFF', d)"
-    )
-    shown = subprocess.run(
-        [sys.executable, "-c", check], capture_output=True, text=True, timeout=120
-    )
-    assert shown.returncode == 0, shown.stderr[-2000:]
-    return float(shown.stdout.split("DIFF")[1].split()[0])
 
 
 def processes_with(marker: str) -> list[int]:
