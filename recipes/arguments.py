@@ -13,8 +13,11 @@ import importlib.util
 import math
 import os
 import sys
+import time
 import typing
 
+# seconds a rank that does not print a bad input's line waits for the launcher to stop it (fail)
+SILENT_RANK_WAIT_S = 30
 PROGRAM = {"name": "recipe"}  # set by parse_args: the prefix of every error line ("grpo.py: ...")
 
 
@@ -23,9 +26,15 @@ def fail(field: str, problem: str, fix: str) -> typing.NoReturn:
     """Bad input: one line on stderr naming the field and the fix, exit 2, no traceback.
 
     Under a multi-process launch every rank meets the same bad input; only each node's first
-    rank (LOCAL_RANK 0) prints it, so the line appears once per node, not once per rank."""
+    rank (LOCAL_RANK 0) prints it, so the line appears once per node, not once per rank.
+    The other ranks wait before they exit: the launcher stops every rank as soon as one fails,
+    so a silent rank that exited first could stop rank 0 before its line was out (seen on a
+    loaded machine, where rank 0 also takes the run directory's lock first). Rank 0's exit ends
+    the wait (the launcher stops them); the bound only matters if rank 0 does not fail."""
     if os.environ.get("LOCAL_RANK", "0") == "0":
         print(f"{PROGRAM['name']}: {field}: {problem} (fix: {fix})", file=sys.stderr, flush=True)
+    else:
+        time.sleep(SILENT_RANK_WAIT_S)
     sys.exit(2)
 
 

@@ -198,10 +198,17 @@ def test_output_dir_that_is_a_file(tmp_path, capsys):
 
 # ----------------------------------------------------------------------------- errors
 def test_other_ranks_stay_quiet(monkeypatch, capsys):
-    """Every rank of a launch meets the same bad input; only LOCAL_RANK 0 prints it."""
+    """Every rank of a launch meets the same bad input; only LOCAL_RANK 0 prints it. The others
+    wait before exiting (the launcher stops them once rank 0 exits): exiting first, they could
+    make the launcher stop rank 0 before its line was printed."""
+    arguments = sys.modules["arguments"]  # as the recipes import it
+    waited = []
+    monkeypatch.setattr(arguments.time, "sleep", waited.append)
     monkeypatch.setenv("LOCAL_RANK", "1")
     with pytest.raises(SystemExit) as e:
         grpo.parse_args(["--max-steps", "0"])
     assert e.value.code == 2 and capsys.readouterr().err == ""
+    assert waited == [arguments.SILENT_RANK_WAIT_S]
     monkeypatch.setenv("LOCAL_RANK", "0")
     one_line_error(capsys, lambda: grpo.parse_args(["--max-steps", "0"]))
+    assert waited == [arguments.SILENT_RANK_WAIT_S]  # rank 0 prints and exits at once
