@@ -129,6 +129,42 @@ def _saved_bytes(model, ids) -> int:
     return saved_tensor_bytes(model, lambda: model(input_ids=ids))
 
 
+def _quant_state_tensors(model) -> list:
+    """A 4-bit weight's quantization state tensors (absmax, codes, offset): they live outside the
+    parameter's storage."""
+    tensors = []
+    for param in model.parameters():
+        state = getattr(param, "quant_state", None)
+        if state is not None:
+            tensors += [state.absmax, state.code, state.offset, state.state2.absmax]
+            tensors.append(state.state2.code)
+    return tensors
+
+
+def _second_step_peak(model, ids) -> int:
+    """A plain training loop's second step (forward + loss, backward, foreach AdamW) of a peft
+    model, measured by the storage tracker from what the first step left (weights, quantization
+    state, Adam states). MemTracker hooks every parameter and refuses frozen ones, hence the
+    storage tracker."""
+    torch = pytest.importorskip("torch")
+    from memory_probe import fp32_kernels_for_emulated_bf16
+
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], foreach=True)
+
+    def step():
+        model(input_ids=ids, labels=ids).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    step()  # the first step creates the Adam states
+    tracker = _storage_tracker()
+    states = [t for state in optimizer.state.values() for t in state.values()]
+    tracker.track_existing([*model.parameters(), *states, *_quant_state_tensors(model)])
+    with fp32_kernels_for_emulated_bf16(), tracker:
+        step()
+    return tracker.peak
+
+
 @pytest.mark.parametrize("dropout", [0.0, 0.05])
 @pytest.mark.parametrize("input_grads", [False, True])
 @pytest.mark.parametrize("targets", ["all-linear", "attention", "q_proj,v_proj,down_proj"])
@@ -221,8 +257,6 @@ def test_a_whole_lora_step_matches_torch(checkpointing):
     LoRA model (all-linear, r 16, no dropout: CPU dropout's mask differs from CUDA's) in fp32,
     measured by the storage tracker: the estimate's peak within 3 %."""
     torch = pytest.importorskip("torch")
-    from memory_probe import fp32_kernels_for_emulated_bf16
-
     from zerofit.models.resolve import spec_from_config
 
     micro, seq = 2, 192
@@ -230,23 +264,7 @@ def test_a_whole_lora_step_matches_torch(checkpointing):
     if checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.enable_input_require_grads()
-    trainable = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(trainable, foreach=True)
-    ids = torch.randint(0, STEP_SHAPE["vocab_size"], (micro, seq))
-
-    def step():
-        model(input_ids=ids, labels=ids).loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-
-    step()  # the first step creates the Adam states
-    # MemTracker hooks every parameter and refuses frozen ones: the storage tracker instead
-    tracker = _storage_tracker()
-    states = [t for state in optimizer.state.values() for t in state.values()]
-    tracker.track_existing([*model.parameters(), *states])
-    with fp32_kernels_for_emulated_bf16(), tracker:
-        step()
-    measured = tracker.peak
+    measured = _second_step_peak(model, torch.randint(0, STEP_SHAPE["vocab_size"], (micro, seq)))
     spec = spec_from_config({**SHAPE, **STEP_SHAPE, "model_type": "qwen2"}, "probe")
     setup = TrainSetup(
         stage=0,
@@ -268,7 +286,7 @@ def test_a_whole_lora_step_matches_torch(checkpointing):
     assert est.peak_bytes == pytest.approx(measured, rel=0.03)
 
 
-def test_trl_sft_trainer_lora_step_matches_the_estimate(tmp_path):
+def test_trl_sft_trainer_lora_step_matches_the_estimate(tmp_path, step_model_dir):
     """``SFTTrainer.train()`` of TRL 1.16 for two steps with a ``peft_config`` (all-linear, r 16,
     no dropout: CPU dropout keeps a noise tensor where CUDA keeps a boolean mask) and TRL's own
     defaults otherwise: the model loaded by path in fp32, bf16 autocast, gradient checkpointing
@@ -291,7 +309,7 @@ def test_trl_sft_trainer_lora_step_matches_the_estimate(tmp_path):
 
     seq, micro = 256, 2
     shape = {**SHAPE, **STEP_SHAPE}
-    model_dir = _step_model_dir(tmp_path)
+    model_dir = step_model_dir
     rows = [{"text": _words(seq + 64 if k % 2 == 0 else 150 + 20 * k, k)} for k in range(2 * micro)]
     args = SFTConfig(**_two_quiet_cpu_steps(tmp_path / "out", micro), max_length=seq)
     peft_config = LoraConfig(r=16, target_modules="all-linear", lora_dropout=0.0)
@@ -403,17 +421,13 @@ def test_offloaded_optimizer_holds_only_the_adapters_on_the_host():
     assert 0 < lora_host < full_host / 50
 
 
-def _qlora_model(tmp_path):
-    """The step shape saved, then loaded by transformers with QLoRA's BitsAndBytesConfig (NF4,
+def _qlora_model(model_dir):
+    """The step shape's saved model loaded by transformers with QLoRA's BitsAndBytesConfig (NF4,
     double quantization) on the CPU, fp32 compute, as bitsandbytes 0.50 allows."""
     torch = pytest.importorskip("torch")
     pytest.importorskip("bitsandbytes")
-    from transformers import AutoConfig, AutoModelForCausalLM, BitsAndBytesConfig
+    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
 
-    shape = {**SHAPE, **STEP_SHAPE}
-    torch.manual_seed(0)
-    config = AutoConfig.for_model("qwen2", attn_implementation="sdpa", use_cache=False, **shape)
-    AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path / "model")
     quantization = BitsAndBytesConfig(
         load_in_4bit=True,
         bnb_4bit_quant_type="nf4",
@@ -421,38 +435,29 @@ def _qlora_model(tmp_path):
         bnb_4bit_compute_dtype=torch.float32,
     )
     model = AutoModelForCausalLM.from_pretrained(
-        tmp_path / "model", quantization_config=quantization, device_map="cpu", dtype=torch.float32
+        model_dir, quantization_config=quantization, device_map="cpu", dtype=torch.float32
     )
     return model.train()  # from_pretrained returns eval mode, where checkpointing is off
 
 
 def _param_bytes(model) -> int:
     """Every parameter's bytes, with a 4-bit weight's quantization state."""
-    total = 0
-    for param in model.parameters():
-        total += param.numel() * param.element_size()
-        state = getattr(param, "quant_state", None)
-        if state is not None:
-            for t in (state.absmax, state.code, state.offset, state.state2.absmax):
-                total += t.numel() * t.element_size()
-            total += state.state2.code.numel() * state.state2.code.element_size()
-    return total
+    tensors = [*model.parameters(), *_quant_state_tensors(model)]
+    return sum(t.numel() * t.element_size() for t in tensors)
 
 
 # a long micro batch (activation grads outweigh the dequantized weight) and a short one (the
 # dequantized down_proj weight sets the backward's peak)
 @pytest.mark.parametrize("micro, seq", [(2, 192), (1, 32)])
-def test_a_whole_qlora_step_matches_torch(tmp_path, micro, seq):
+def test_a_whole_qlora_step_matches_torch(step_model_dir, micro, seq):
     """transformers' own 4-bit loading (Linear4bit in every decoder linear layer, the embedding,
     norms and LM head unquantized) holds exactly lora.frozen_base_bytes; a plain loop's second
     step of peft adapters on it (all-linear, r 16, no dropout, gradient checkpointing with input
     grads, as peft's prepare_model_for_kbit_training sets it) is within 3 % of the estimate."""
     torch = pytest.importorskip("torch")
-    from memory_probe import fp32_kernels_for_emulated_bf16
-
     from zerofit.models.resolve import spec_from_config
 
-    base = _qlora_model(tmp_path)
+    base = _qlora_model(step_model_dir)
     spec = spec_from_config({**SHAPE, **STEP_SHAPE, "model_type": "qwen2"}, "probe")
     setup = TrainSetup(
         stage=0,
@@ -470,48 +475,32 @@ def test_a_whole_qlora_step_matches_torch(tmp_path, micro, seq):
     model = _peft(base, 16, "all-linear", 0.0)
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.enable_input_require_grads()
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], foreach=True)
-    ids = torch.randint(0, STEP_SHAPE["vocab_size"], (micro, seq))
-
-    def step():
-        model(input_ids=ids, labels=ids).loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-
-    step()
-    tracker = _storage_tracker()
-    states = [t for state in optimizer.state.values() for t in state.values()]
-    tracker.track_existing([*model.parameters(), *states])
-    for param in model.parameters():
-        state = getattr(param, "quant_state", None)
-        if state is not None:
-            extra = [state.absmax, state.code, state.offset, state.state2.absmax]
-            tracker.track_existing([*extra, state.state2.code])
-    with fp32_kernels_for_emulated_bf16(), tracker:
-        step()
+    measured = _second_step_peak(model, torch.randint(0, STEP_SHAPE["vocab_size"], (micro, seq)))
     est = estimate_memory(spec, setup)
-    error = est.peak_bytes / tracker.peak - 1
-    print(f"QLoRA step: measured {tracker.peak:,} predicted {est.peak_bytes:,} ({est.phase}, "
+    error = est.peak_bytes / measured - 1
+    print(f"QLoRA step: measured {measured:,} predicted {est.peak_bytes:,} ({est.phase}, "
           f"{error:+.2%}) {est.breakdown}")
-    assert est.peak_bytes == pytest.approx(tracker.peak, rel=0.03)
+    assert est.peak_bytes == pytest.approx(measured, rel=0.03)
 
 
-def _step_model_dir(tmp_path):
-    """The step shape's Qwen2 (fp32 weights) and a word-level tokenizer in a directory, what
-    TRL's trainers load by path."""
-    import torch
+@pytest.fixture(scope="module")
+def step_model_dir(tmp_path_factory):
+    """The step shape's Qwen2 (fp32 weights) and a word-level tokenizer in a directory, saved once
+    for this file: what TRL's trainers load by path, and the QLoRA step's base."""
+    torch = pytest.importorskip("torch")
     from conftest import write_tiny_model_dir
     from transformers import AutoConfig, AutoModelForCausalLM
 
     shape = {**SHAPE, **STEP_SHAPE}
-    model_dir = write_tiny_model_dir(tmp_path / "model", vocab_size=shape["vocab_size"])
+    folder = tmp_path_factory.mktemp("lora_step") / "model"
+    model_dir = write_tiny_model_dir(folder, vocab_size=shape["vocab_size"])
     torch.manual_seed(0)
     config = AutoConfig.for_model("qwen2", attn_implementation="sdpa", use_cache=False, **shape)
     AutoModelForCausalLM.from_config(config).save_pretrained(model_dir)
     return model_dir
 
 
-def test_trl_dpo_trainer_lora_step_matches_the_estimate(tmp_path):
+def test_trl_dpo_trainer_lora_step_matches_the_estimate(tmp_path, step_model_dir):
     """``DPOTrainer.train()`` of TRL 1.16 for two steps with a ``peft_config`` and no reference
     model: TRL's reference is the policy with its adapters disabled (``ref_model`` stays None),
     so no second copy of the weights; its defaults otherwise (fp32 load, bf16 autocast,
@@ -544,8 +533,7 @@ def test_trl_dpo_trainer_lora_step_matches_the_estimate(tmp_path):
         )
     args = DPOConfig(**_two_quiet_cpu_steps(tmp_path / "out", micro), max_length=seq)
     peft_config = LoraConfig(r=16, target_modules="all-linear", lora_dropout=0.0)
-    model_dir = _step_model_dir(tmp_path)
-    trainer = _trl_trainer(DPOTrainer, model_dir, args, rows, peft_config=peft_config)
+    trainer = _trl_trainer(DPOTrainer, step_model_dir, args, rows, peft_config=peft_config)
     assert trainer.ref_model is None and args.gradient_checkpointing
     measured = _measured_peak(trainer, trainer.model)
 
