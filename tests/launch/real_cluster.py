@@ -152,8 +152,10 @@ SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
 CredType=cred/munge
-# cred_expire also sets how long a requeued job waits before it may start again (default 120 s)
-AuthInfo=socket={munge_socket},cred_expire=15
+# cred_expire also sets how long a requeued job waits before it may start again (default 120 s);
+# 5 s is the least Slurm takes (src/common/slurm_cred.c refuses a smaller value): the credentials
+# it bounds are used within a second here (one host, no prolog)
+AuthInfo=socket={munge_socket},cred_expire=5
 StateSaveLocation={root}/state
 SlurmdSpoolDir={root}/spool-%n
 SlurmctldPidFile={root}/slurmctld.pid

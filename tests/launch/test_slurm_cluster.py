@@ -177,7 +177,7 @@ def test_grpo_trains_on_two_nodes_and_resumes_after_preemption(
         # what Slurm sends `--signal-seconds` before the time limit (or on preemption):
         # USR1 to the batch shell
         assert slurm_cluster.client("scancel", "--batch", "--signal=USR1", job_id).returncode == 0
-        wait_requeued(slurm_cluster, job_id, 60)  # it starts again after cred_expire (15 s here)
+        wait_requeued(slurm_cluster, job_id, 60)  # it starts again after cred_expire (5 s here)
         resumed_from = int(latest.read_text().strip().split("-")[1])
         steps_before = [
             json.loads(line)["step"]
