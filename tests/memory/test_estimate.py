@@ -287,7 +287,12 @@ def _whole_step(peak: str, weights: str, checkpointing: bool, padded: bool):
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
-    step()  # the first step creates exp_avg / exp_avg_sq
+    # the first step creates exp_avg / exp_avg_sq: an optimizer step on zero gradients makes
+    # the same states as a whole step, without a forward and backward nobody measures
+    for param in model.parameters():
+        param.grad = torch.zeros_like(param)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
     measured, _, _ = tracked_peak(step, model, optimizer)
     spec = spec_from_config({**shape, "model_type": "qwen2"}, "probe")
     setup = TrainSetup(
