@@ -1,6 +1,8 @@
 """benchmarks/gpu_lora_memory.py and its H200 results (tests/data/gpu_lora_memory_h200.jsonl):
 the stored estimates are what zerofit predicts today, and the script's cases run end to end on
-the CPU through the real peft / bitsandbytes / transformers code (tiny shape, fp32)."""
+the CPU through the real peft / bitsandbytes / transformers code (tiny shape, fp32).
+
+Run: .venv/bin/python -m pytest tests/test_gpu_lora_memory_bench.py -q"""
 
 from __future__ import annotations
 
@@ -35,11 +37,13 @@ def test_the_stored_estimates_are_todays(tmp_path, capsys):
 
 
 def test_the_cases_run_on_the_cpu(tmp_path):
-    """One LoRA and one QLoRA case (bitsandbytes' CPU 4-bit path) of the tiny shape: the model
-    loads, adapters train, and zerofit's estimate lands beside the row."""
+    """The case that touches the most code (QLoRA through bitsandbytes' CPU 4-bit path,
+    prepare_model_for_kbit_training, checkpointing) on the tiny shape: the model loads, adapters
+    train, and zerofit's estimate lands beside the row."""
     folder = tmp_path / "model"
     BENCH.save_random_model(BENCH.TINY, folder)
-    for case in (BENCH.build_cases(tiny=True)[0], BENCH.build_cases(tiny=True)[-1]):
-        row = BENCH.measure_case(folder, case, BENCH.TINY, "cpu")
-        row = BENCH.with_estimate(row, BENCH.TINY, bf16=False)
-        assert row["trainable_params"] > 0 and row["est_allocated"] > 0, row
+    case = BENCH.build_cases(tiny=True)[-1]
+    assert case["finetuning"] == "qlora" and case["prepare_kbit"] and case["checkpointing"]
+    row = BENCH.measure_case(folder, case, BENCH.TINY, "cpu")
+    row = BENCH.with_estimate(row, BENCH.TINY, bf16=False)
+    assert row["trainable_params"] > 0 and row["est_allocated"] > 0, row
