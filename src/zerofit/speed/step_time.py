@@ -13,13 +13,15 @@ time is the sum of:
 - the GPU optimizer step as HBM-bound work (``gpu_optimizer_seconds``);
 - a fixed cost per micro step (Python, kernel launches, the data loader) and one per optimizer
   step, and DeepSpeed's hooks (per trainable tensor's gradient hook at ZeRO-2/3, per module's
-  fetch and release at ZeRO-3) as far as the GPU's work does not hide them (``hook_seconds``);
+  fetch and release at ZeRO-3) and checkpointing's second dispatch of each layer's forward as
+  far as the GPU's work does not hide them (``hook_seconds``, ``recompute_host_seconds``);
 - under LoRA, PEFT's memory-bound adapter path (``adapter_elementwise_seconds``); under
   FlashAttention-3 on Hopper, its faster attention (``attention_kernel_savings``);
 - for GRPO, the rollout that feeds the step (speed/generation.py ``estimate_generation_time``).
 
-The named constants below are the only fitted numbers; each says its value and the public rows
-(tests/data/step_times_public.jsonl, by id) it came from. None is fitted to a single row.
+The named constants below are the only fitted numbers; each says its value and the rows
+(tests/data/step_times_public.jsonl by id, or the H100 calibration runs) it came from. None is
+fitted to a single row.
 """
 
 from __future__ import annotations
@@ -72,36 +74,47 @@ MICRO_STEP_OVERHEAD_S = 0.08
 OPTIMIZER_STEP_OVERHEAD_S = 0.1
 
 # DeepSpeed's hooks, per micro step: a count the model knows (``trainable_tensors``,
-# ``zero3_hooked_modules``) times a per-item cost of host (Python) time. Both costs come from
-# one lent H200 run of benchmarks/ds_generate_overhead.py (Qwen2.5-0.5B's shape, 16 x 320
-# tokens per micro step, no checkpointing, one GPU; not stored in tests/data): a training micro
-# step took 0.08 s plain, 0.21 s under ZeRO-2 and 0.32 s under ZeRO-3. On one GPU the hooks
-# show beyond the micro step's GPU work (``exposed_hook_seconds``: 0.038 s of it here), and this
-# model counts 218 trainable tensors and 318 modules of that shape, so:
+# ``zero3_hooked_modules``) times a per-item cost of host (Python) time:
 # - ``GRAD_HOOK_S_PER_TENSOR``: every trainable tensor's gradient hook where ZeRO reduces
 #   gradients as backward produces them (stage 2, and stage 1 under ``overlap_comm``:
 #   runtime/zero/stage_1_and_2.py ``DeepSpeedZeroOptimizer.create_reduce_and_remove_grad_hooks``
 #   -> ``reduce_ready_partitions_and_remove_grads`` -> ``reduce_independent_p_g_buckets_and_
 #   remove_grads``: the bucket bookkeeping, the copy into the bucket, ``average_tensor`` per full
 #   bucket; stage 3: stage3.py ``create_reduce_and_remove_grad_hooks`` ->
-#   ``reduce_ready_partitions_and_remove_grads``): (0.21 - 0.08 + 0.038) s / 218 = 0.77 ms.
+#   ``reduce_ready_partitions_and_remove_grads``).
 # - ``STAGE3_FETCH_S_PER_MODULE``: ZeRO-3 hooks every submodule, parameterless ones too
 #   (runtime/zero/parameter_offload.py ``DeepSpeedZeRoOffload._register_deepspeed_module``:
 #   ``_pre_forward_module_hook`` / ``_post_forward_module_hook`` and the backward pair), each
 #   call running the coordinator (partitioned_param_coordinator.py
 #   ``PartitionedParameterCoordinator.fetch_sub_module``: trace, prefetch queue, waits on the
 #   gathers' events; ``release_sub_module``): in forward, in backward, and again in
-#   checkpointing's recompute: (0.32 - 0.21) s / (318 x 2) = 0.17 ms.
-# Checked, not fitted, on the Qwen README's ZeRO-3 rows (qwen1-1.8b-full-seq*, one GPU;
-# qwen1-72b-lora-z3-seq*, four: median |error| 14 % and 8 %) and the H100 calibration runs.
-# Both run on the host between kernel launches while the GPU works through its queue, so they
-# cost a micro step only what they take beyond its GPU work (``exposed_hook_seconds``). The
+#   checkpointing's recompute.
+# - ``RECOMPUTE_HOST_S_PER_LAYER``: checkpointing dispatches each decoder layer's forward again
+#   inside backward (``recompute_host_seconds``), host time the recompute's FLOPs leave out.
+# The structure is measured on real engines: benchmarks/deepspeed_hook_costs.py (one gloo rank
+# on CPU, tiny Linear stacks whose tensor and module counts vary apart, least squares over nine
+# shapes per stage) finds ZeRO-3's cost growing with modules (+60-140 us per module over ZeRO-0
+# for its two passes, four runs on a loaded 2-core host) and ZeRO-1/2's with tensors (+10-85 us
+# per tensor). The values are fitted jointly, by least squares of the relative error, on the
+# stored rows: the 63 predicted public rows and the nine H100 calibration runs
+# (tests/data/mem_h100_qwen2.5-0.5b.jsonl), grid 0-0.8 ms x 0.04-0.26 ms x 0-5 ms. The
+# optimum is flat (rms 22.6 % at 0.25 / 0.14 / 1.5 ms, 23.5 % at the values below); the values
+# below lie in that valley where no row group predicts worse than before the model counted
+# hooks but ZeRO-3's calibration runs (the Qwen-1.8B ZeRO-3 rows on one A100 pull the other
+# way), and their ratio (0.8) lies in the CPU's measured per-tensor / per-module range (0.2-1.5).
+# An earlier value, 0.77 ms per tensor, came from one lent H200 run of
+# benchmarks/ds_generate_overhead.py (0.08 / 0.21 / 0.32 s per step plain / ZeRO-2 / ZeRO-3),
+# read as micro steps; but its step() runs ``engine.step()`` too, so the ZeRO-2 - plain gap
+# holds DeepSpeed's optimizer step, which ``OPTIMIZER_STEP_OVERHEAD_S`` already counts.
+# The hooks run on the host between kernel launches while the GPU works through its queue, so
+# they cost a micro step only what they take beyond its GPU work (``exposed_hook_seconds``). The
 # fixed cost per micro step above is not hidden that way: transformers' Trainer waits for each
 # micro step's loss (trainer.py ``_inner_training_loop``: ``torch.isnan(tr_loss_step)`` under
 # ``logging_nan_inf_filter``, on by default), so the next micro step's data loading and input
 # preparation start on an idle GPU.
-GRAD_HOOK_S_PER_TENSOR = 0.00077
-STAGE3_FETCH_S_PER_MODULE = 0.00017
+GRAD_HOOK_S_PER_TENSOR = 0.0001
+STAGE3_FETCH_S_PER_MODULE = 0.00012
+RECOMPUTE_HOST_S_PER_LAYER = 0.002
 
 # Pinned host<->GPU copies reach ~25 GB/s of PCIe Gen4 x16's 32 GB/s per direction (DeepSpeed
 # offloads through pinned buffers: runtime/zero/offload_config.py ``pin_memory``).
@@ -514,6 +527,19 @@ def hook_seconds(
     return seconds
 
 
+def recompute_host_seconds(setup: TrainSetup, model: ModelSpec, device: DeviceProfile) -> float:
+    """Host seconds gradient checkpointing adds to one micro step: every decoder layer's forward
+    is dispatched again inside backward (transformers' modeling_layers.py
+    ``GradientCheckpointingLayer.__call__`` -> torch/utils/checkpoint.py ``checkpoint``: the
+    reentrant ``CheckpointFunction.backward`` re-runs the layer's Python forward and a nested
+    ``torch.autograd.backward``), ``RECOMPUTE_HOST_S_PER_LAYER`` each. A device whose profile
+    carries no host costs (a measured CPU: speed/device.py ``cpu_profile``) has them in its
+    measured rates already."""
+    if not setup.gradient_checkpointing or device.micro_step_overhead_s <= 0:
+        return 0.0
+    return model.num_layers * RECOMPUTE_HOST_S_PER_LAYER
+
+
 def exposed_hook_seconds(
     setup: TrainSetup,
     model: ModelSpec,
@@ -535,6 +561,7 @@ def exposed_hook_seconds(
     and GPU take turns module by module: the hooks are hidden in proportion to the GPU's share
     of the pair, ``hooks x gpu / (hooks + gpu)``, leaving ``hooks^2 / (hooks + gpu)``."""
     hooks = hook_seconds(setup, model, device, trainable)
+    hooks += recompute_host_seconds(setup, model, device)
     if hooks <= 0:
         return 0.0
     if setup.world_size <= 1:

@@ -1,0 +1,44 @@
+"""benchmarks/deepspeed_hook_costs.py's smallest run: real DeepSpeed engines (one gloo rank, CPU)
+at ZeRO-0 and ZeRO-3 on tiny Linear stacks. ZeRO-3 hooks every module
+(runtime/zero/parameter_offload.py ``DeepSpeedZeRoOffload._register_deepspeed_module``), so at
+the same trainable tensors three times the modules cost more, and its fitted per-module cost is
+positive; ZeRO-0 has no such hooks and runs each shape faster."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_zero3_host_cost_grows_with_modules_at_the_same_tensors():
+    env = dict(os.environ, MASTER_PORT=str(_free_port()), MASTER_ADDR="127.0.0.1")
+    script = ROOT / "benchmarks" / "deepspeed_hook_costs.py"
+    done = subprocess.run(
+        [sys.executable, str(script), "--quick", "--repeats", "5"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        cwd=ROOT,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    results = json.loads(done.stdout.strip().splitlines()[-1])
+    plain, zero3 = results["0"], results["3"]
+    few, many = zero3["rows"][0], zero3["rows"][1]
+    assert few[0] == many[0] and many[1] >= 3 * few[1]  # same tensors, 3x the modules
+    assert many[2] > few[2]
+    assert zero3["per_module_s"] > 0
+    for plain_row, zero3_row in zip(plain["rows"], zero3["rows"], strict=True):
+        assert zero3_row[2] > plain_row[2]
