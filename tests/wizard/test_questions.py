@@ -86,7 +86,7 @@ def test_loss_kernel_is_asked_only_when_it_changes_the_plan():
 def test_defaults_walk_stores_what_a_picked_choice_would():
     """``--defaults`` takes each select's default as if it were picked: "padded" and "default"
     are choices, stored as the Answers values the prompt's convert gives them."""
-    tight = answers(gpu="A100-40GB", seq_len=2048, gpus_per_node=2)
+    tight = answers(gpu="A100-40GB", seq_len=2048, gpus_per_node=1)
     assert qmap()["padding"].when(tight) and qmap()["loss_kernel"].when(tight)
     walked = apply_defaults(build_questions(Answers()), tight)
     assert walked["padding"] is None and walked["loss_kernel"] is None
@@ -107,9 +107,9 @@ def test_weights_dtype_is_asked_only_when_it_changes_the_plan():
 def test_padding_is_asked_only_when_it_changes_the_plan():
     q = qmap()["padding"]
     assert q.when(answers()) is False  # 0.5B on one H100: the same plan padded or packed
-    # 0.5B on two A100 40GB at 2048 tokens: the micro batch the planner can afford differs
+    # 0.5B on one A100 40GB at 2048 tokens: the micro batch the planner can afford differs
     # once every sdpa layer keeps a mask copy and K/V repeated to all heads
-    tight = answers(gpu="A100-40GB", seq_len=2048, gpus_per_node=2)
+    tight = answers(gpu="A100-40GB", seq_len=2048, gpus_per_node=1)
     assert q.when(tight) is True
     assert q.convert("packed") is False and q.convert("padded") is None
     assert default_for(qmap(Answers(padding=False))["padding"], tight) == "packed"

@@ -97,11 +97,13 @@ OPTIMIZER_STEP_OVERHEAD_S = 0.1
 # for its two passes, four runs on a loaded 2-core host) and ZeRO-1/2's with tensors (+10-85 us
 # per tensor). The values are fitted jointly, by least squares of the relative error, on the
 # stored rows: the 63 predicted public rows and the nine H100 calibration runs
-# (tests/data/mem_h100_qwen2.5-0.5b.jsonl), grid 0-0.8 ms x 0.04-0.26 ms x 0-5 ms. The
-# optimum is flat (rms 22.6 % at 0.25 / 0.14 / 1.5 ms, 23.5 % at the values below); the values
-# below lie in that valley where no row group predicts worse than before the model counted
-# hooks but ZeRO-3's calibration runs (the Qwen-1.8B ZeRO-3 rows on one A100 pull the other
-# way), and their ratio (0.8) lies in the CPU's measured per-tensor / per-module range (0.2-1.5).
+# (tests/data/mem_h100_qwen2.5-0.5b.jsonl), grid 0-0.8 ms x 0.04-0.26 ms x 0-5 ms, under the
+# issue's ordering target (median Kendall tau >= 0.8 over the public scenarios; the unconstrained
+# optimum, 0.25 / 0.14 / 1.5 ms, orders Qwen-7B's and -72B's rows at tau 0.70-0.73). The
+# constrained optimum is flat: rms 23.7 % at 0.35 / 0.18 / 1.5 ms, 24.2 % at the values below,
+# the point of that valley where the calibration's ZeRO-2 runs without checkpointing predict as
+# before the model counted hooks (+2..+27 %). Their ratio (0.9) lies in the CPU's measured
+# per-tensor / per-module range (0.2-1.5).
 # An earlier value, 0.77 ms per tensor, came from one lent H200 run of
 # benchmarks/ds_generate_overhead.py (0.08 / 0.21 / 0.32 s per step plain / ZeRO-2 / ZeRO-3),
 # read as micro steps; but its step() runs ``engine.step()`` too, so the ZeRO-2 - plain gap
@@ -112,8 +114,8 @@ OPTIMIZER_STEP_OVERHEAD_S = 0.1
 # micro step's loss (trainer.py ``_inner_training_loop``: ``torch.isnan(tr_loss_step)`` under
 # ``logging_nan_inf_filter``, on by default), so the next micro step's data loading and input
 # preparation start on an idle GPU.
-GRAD_HOOK_S_PER_TENSOR = 0.0001
-STAGE3_FETCH_S_PER_MODULE = 0.00012
+GRAD_HOOK_S_PER_TENSOR = 0.0002
+STAGE3_FETCH_S_PER_MODULE = 0.00022
 RECOMPUTE_HOST_S_PER_LAYER = 0.002
 
 # Pinned host<->GPU copies reach ~25 GB/s of PCIe Gen4 x16's 32 GB/s per direction (DeepSpeed
