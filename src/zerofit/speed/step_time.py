@@ -91,19 +91,20 @@ OPTIMIZER_STEP_OVERHEAD_S = 0.1
 #   checkpointing's recompute.
 # - ``RECOMPUTE_HOST_S_PER_LAYER``: checkpointing dispatches each decoder layer's forward again
 #   inside backward (``recompute_host_seconds``), host time the recompute's FLOPs leave out.
-# The structure is measured on real engines: benchmarks/deepspeed_hook_costs.py (one gloo rank
-# on CPU, tiny Linear stacks whose tensor and module counts vary apart, least squares over nine
-# shapes per stage) finds ZeRO-3's cost growing with modules (+60-140 us per module over ZeRO-0
+# The structure is measured on real engines: benchmarks/deepspeed_hook_costs.py (one gloo rank on
+# CPU, tiny Linear stacks whose tensor and module counts vary apart, least squares over nine
+# shapes per stage) finds ZeRO-3's cost growing with modules (+83-144 us per module over ZeRO-0
 # for its two passes, four runs on a loaded 2-core host) and ZeRO-1/2's with tensors (+10-85 us
-# per tensor). The values are fitted jointly, by least squares of the relative error, on the
-# stored rows: the 63 predicted public rows and the nine H100 calibration runs
-# (tests/data/mem_h100_qwen2.5-0.5b.jsonl), grid 0-0.8 ms x 0.04-0.26 ms x 0-5 ms, under the
-# issue's ordering target (median Kendall tau >= 0.8 over the public scenarios; the unconstrained
-# optimum, 0.25 / 0.14 / 1.5 ms, orders Qwen-7B's and -72B's rows at tau 0.70-0.73). The
-# constrained optimum is flat: rms 23.7 % at 0.35 / 0.18 / 1.5 ms, 24.2 % at the values below,
-# the point of that valley where the calibration's ZeRO-2 runs without checkpointing predict as
-# before the model counted hooks (+2..+27 %). Their ratio (0.9) lies in the CPU's measured
-# per-tensor / per-module range (0.2-1.5).
+# per tensor), 0.24-0.42 and 0.01-0.11 of the H200-derived costs below (a server's host and CUDA's
+# event calls may cost more; the stored rows decide the values). The values are fitted jointly, by
+# least squares of the relative error, on the stored rows: the 63 predicted public rows and the
+# nine H100 calibration runs (tests/data/mem_h100_qwen2.5-0.5b.jsonl), grid 0-0.8 ms x 0.04-0.26
+# ms x 0-5 ms, under the issue's ordering target (median Kendall tau >= 0.8 over the public
+# scenarios; the unconstrained optimum, 0.25 / 0.14 / 1.5 ms, orders Qwen-7B's and -72B's rows at
+# tau 0.70-0.73). The constrained optimum is flat: rms 23.7 % at 0.35 / 0.18 / 1.5 ms, 24.2 % at
+# the values below, the point of that valley where the calibration's ZeRO-2 runs without
+# checkpointing predict as before the model counted hooks (+2..+27 %). Their ratio (0.9) lies in
+# the CPU's measured per-tensor / per-module range (0.2-1.5).
 # An earlier value, 0.77 ms per tensor, came from one lent H200 run of
 # benchmarks/ds_generate_overhead.py (0.08 / 0.21 / 0.32 s per step plain / ZeRO-2 / ZeRO-3),
 # read as micro steps; but its step() runs ``engine.step()`` too, so the ZeRO-2 - plain gap
