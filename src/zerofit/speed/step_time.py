@@ -104,7 +104,7 @@ OPTIMIZER_STEP_OVERHEAD_S = 0.1
 # tau 0.70-0.73). The constrained optimum is flat: rms 23.7 % at 0.35 / 0.18 / 1.5 ms, 24.2 % at
 # the values below, the point of that valley where the calibration's ZeRO-2 runs without
 # checkpointing predict as before the model counted hooks (+2..+27 %). Their ratio (0.9) lies in
-# the CPU's measured per-tensor / per-module range (0.2-1.5).
+# the CPU's measured per-tensor / per-pass-per-module range (0.1-2).
 # An earlier value, 0.77 ms per tensor, came from one lent H200 run of
 # benchmarks/ds_generate_overhead.py (0.08 / 0.21 / 0.32 s per step plain / ZeRO-2 / ZeRO-3),
 # read as micro steps; but its step() runs ``engine.step()`` too, so the ZeRO-2 - plain gap
