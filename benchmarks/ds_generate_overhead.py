@@ -20,6 +20,7 @@ from contextlib import contextmanager, nullcontext
 
 import torch
 from generate_timing import JsonLines, generate_seconds, timed
+from model_shapes import QWEN25_05B
 from transformers import AutoModelForCausalLM, Qwen2Config
 
 TINY = os.environ.get("TINY") == "1"
@@ -36,15 +37,7 @@ if TINY:
     )
     BATCH, PROMPT, NEW, MICRO = 4, 8, 8, 2
 else:
-    CONFIG = Qwen2Config(
-        hidden_size=896,
-        intermediate_size=4864,
-        num_hidden_layers=24,
-        num_attention_heads=14,
-        num_key_value_heads=2,
-        vocab_size=151936,
-        tie_word_embeddings=True,
-    )
+    CONFIG = Qwen2Config(**QWEN25_05B)
     BATCH, PROMPT, NEW, MICRO = 64, 64, 256, 16
 
 

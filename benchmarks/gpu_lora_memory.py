@@ -27,17 +27,9 @@ import tempfile
 import time
 from pathlib import Path
 
-QWEN25_05B = dict(
-    hidden_size=896,
-    intermediate_size=4864,
-    num_hidden_layers=24,
-    num_attention_heads=14,
-    num_key_value_heads=2,
-    vocab_size=151936,
-    max_position_embeddings=32768,
-    tie_word_embeddings=True,
-    rms_norm_eps=1e-6,
-)
+import model_shapes
+
+QWEN25_05B = dict(model_shapes.QWEN25_05B, max_position_embeddings=32768, rms_norm_eps=1e-6)
 TINY = dict(
     hidden_size=64,
     intermediate_size=176,

@@ -11,18 +11,11 @@ on them.
 """
 import torch
 from generate_timing import JsonLines, generate, timed
+from model_shapes import QWEN25_05B
 from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
 
 SHAPES = {  # the configs' shapes (Qwen2.5 and Llama-3.1 config.json), random weights
-    "qwen2.5-0.5b": Qwen2Config(
-        hidden_size=896,
-        intermediate_size=4864,
-        num_hidden_layers=24,
-        num_attention_heads=14,
-        num_key_value_heads=2,
-        vocab_size=151936,
-        tie_word_embeddings=True,
-    ),
+    "qwen2.5-0.5b": Qwen2Config(**QWEN25_05B),
     "qwen2.5-7b": Qwen2Config(
         hidden_size=3584,
         intermediate_size=18944,

@@ -32,7 +32,10 @@ def pytest_sessionstart(session):
 
 
 def load_benchmark(name: str):
-    """``benchmarks/<name>.py`` imported as a module (the benchmarks are scripts, not a package)."""
+    """``benchmarks/<name>.py`` imported as a module (the benchmarks are scripts, not a package);
+    its sibling imports (``import model_shapes``) resolve as when it runs as a script."""
+    if str(REPO / "benchmarks") not in sys.path:
+        sys.path.append(str(REPO / "benchmarks"))
     spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module  # dataclasses look their module up while it is executed
