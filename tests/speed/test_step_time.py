@@ -12,6 +12,7 @@ import pytest
 from zerofit.hardware import lookup
 from zerofit.memory.estimate import TrainSetup
 from zerofit.models.resolve import resolve_model
+from zerofit.speed.device import CpuMeasurements, cpu_profile
 from zerofit.speed.step_time import (
     compute_efficiency,
     estimate_step_time,
@@ -271,8 +272,10 @@ def test_each_stage_counts_its_hooks_and_checkpointing_its_host_recompute():
         24 * RECOMPUTE_HOST_S_PER_LAYER
     )
     assert recompute_host_seconds(TrainSetup(stage=2), SMALL, device) == 0
-    measured_cpu = dataclasses.replace(device, micro_step_overhead_s=0.0)  # as cpu_profile's
-    assert recompute_host_seconds(checkpointed, SMALL, measured_cpu) == 0
+    measured = CpuMeasurements(
+        matmul_tflops=1.0, memory_gbps=10.0, cpu_adam_params_per_s=1e8, link_gbits=1.0
+    )
+    assert recompute_host_seconds(checkpointed, SMALL, cpu_profile(measured)) == 0
 
 
 def test_the_hooks_hide_behind_long_micro_steps():

@@ -50,6 +50,9 @@ class DeviceProfile:
     # gradient hook, each ZeRO-3 submodule's fetch and release, per pass of a micro step
     grad_hook_s_per_tensor: float
     stage3_fetch_s_per_module: float
+    # host seconds of checkpointing's second dispatch of one decoder layer's forward
+    # (step_time.py ``recompute_host_seconds``)
+    recompute_host_s_per_layer: float
     link_efficiency: float  # the share of a link's bandwidth a ring collective reaches
     # Collectives run beside the compute (NCCL on its own CUDA streams: overlap_comm, ZeRO-3's
     # prefetch). False: each collective holds the rank until it ends (see cpu_profile).
@@ -114,6 +117,7 @@ def cpu_profile(measured: CpuMeasurements) -> DeviceProfile:
         optimizer_step_overhead_s=0.0,
         grad_hook_s_per_tensor=0.0,
         stage3_fetch_s_per_module=0.0,
+        recompute_host_s_per_layer=0.0,
         link_efficiency=1.0,
         overlaps_comm=False,
         wire_bytes_follow_precision=True,

@@ -217,6 +217,7 @@ def gpu_profile(gpu: GpuSpec) -> DeviceProfile:
         optimizer_step_overhead_s=OPTIMIZER_STEP_OVERHEAD_S,
         grad_hook_s_per_tensor=GRAD_HOOK_S_PER_TENSOR,
         stage3_fetch_s_per_module=STAGE3_FETCH_S_PER_MODULE,
+        recompute_host_s_per_layer=RECOMPUTE_HOST_S_PER_LAYER,
         link_efficiency=LINK_EFFICIENCY,
         memory_gib=gpu.memory_gib,
     )
@@ -535,12 +536,12 @@ def recompute_host_seconds(setup: TrainSetup, model: ModelSpec, device: DevicePr
     is dispatched again inside backward (transformers' modeling_layers.py
     ``GradientCheckpointingLayer.__call__`` -> torch/utils/checkpoint.py ``checkpoint``: the
     reentrant ``CheckpointFunction.backward`` re-runs the layer's Python forward and a nested
-    ``torch.autograd.backward``), ``RECOMPUTE_HOST_S_PER_LAYER`` each. A device whose profile
-    carries no host costs (a measured CPU: speed/device.py ``cpu_profile``) has them in its
-    measured rates already."""
-    if not setup.gradient_checkpointing or device.micro_step_overhead_s <= 0:
+    ``torch.autograd.backward``), the device's ``recompute_host_s_per_layer`` each (a catalog
+    GPU's ``RECOMPUTE_HOST_S_PER_LAYER``; 0 for a measured CPU, speed/device.py ``cpu_profile``,
+    whose measured rates hold its host time already)."""
+    if not setup.gradient_checkpointing:
         return 0.0
-    return model.num_layers * RECOMPUTE_HOST_S_PER_LAYER
+    return model.num_layers * device.recompute_host_s_per_layer
 
 
 def exposed_hook_seconds(
