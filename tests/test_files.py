@@ -11,7 +11,7 @@ from unittest import mock
 import pytest
 
 from zerofit.errors import ZerofitError
-from zerofit.files import write_files
+from zerofit.files import refuse_existing, write_files
 
 
 def test_creates_directory_and_writes_all(tmp_path):
@@ -60,6 +60,40 @@ def test_failure_midway_leaves_directory_untouched(tmp_path):
 def test_rejects_names_outside_the_directory(tmp_path, name):
     with pytest.raises(ZerofitError):
         write_files(tmp_path, {name: "x"})
+
+
+def test_refuse_existing_names_the_callers_flag_and_alternative(tmp_path):
+    """Every writer (config --out, doctor --facts-out, --save-default) words its refusals with its
+    own flag and where else to write: a directory always, an existing file without force."""
+    (tmp_path / "facts.json").write_text("{}")
+    with pytest.raises(ZerofitError) as err:
+        refuse_existing([tmp_path / "facts.json"], False, "facts-out", "choose another file")
+    assert (err.value.field, err.value.fix) == (
+        "facts-out",
+        "pass --force to overwrite, or choose another file",
+    )
+    refuse_existing([tmp_path / "facts.json"], True, "facts-out", "choose another file")
+    with pytest.raises(ZerofitError, match="is a directory") as err:
+        refuse_existing([tmp_path], True, "facts-out", "choose another file")
+    assert err.value.fix == "remove it or choose another file"
+
+
+def test_a_name_taken_while_writing_is_refused_with_the_callers_flag(tmp_path):
+    """The race check (a file created between the check and the write) names the caller's flag,
+    not --out, and leaves the other writer's file alone."""
+    target = tmp_path / "facts.json"
+    real_link = os.link
+
+    def someone_else_first(src, dst):
+        target.write_text("theirs")
+        return real_link(src, dst)
+
+    with mock.patch("zerofit.files.os.link", someone_else_first):
+        with pytest.raises(ZerofitError) as err:
+            write_files(tmp_path, {"facts.json": "ours"}, False, "facts-out", "choose another file")
+    assert err.value.field == "facts-out" and "created by someone else" in err.value.problem
+    assert target.read_text() == "theirs"
+    assert sorted(os.listdir(tmp_path)) == ["facts.json"]  # no temp file left
 
 
 def test_out_is_a_file(tmp_path):

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from zerofit.errors import ZerofitError
-from zerofit.files import write_files
+from zerofit.files import refuse_existing, write_files
 
 FORMAT = "zerofit-cluster-facts"
 VERSION = 1
@@ -62,30 +62,25 @@ class ClusterFacts:
         }
 
 
+FACTS_ELSEWHERE = "choose another --facts-out file"
+
+
 def refuse_existing_facts(path, force: bool) -> None:
-    """Refuse a facts target that is a directory, or an existing file without ``force``: as every
-    zerofit writer (files.py), it never replaces a file unasked. ``doctor`` calls it before the
-    nodes measure too, so a refusal costs no measurement."""
-    target = Path(path)
-    if target.is_dir():
-        raise ZerofitError("facts-out", f"{target} is a directory", "give a file name")
-    if target.exists() and not force:
-        raise ZerofitError(
-            "facts-out",
-            f"{target} already exists",
-            "pass --force to overwrite it, or choose another --facts-out file",
-        )
+    """Refuse a facts target that is a directory, or an existing file without ``force``
+    (files.refuse_existing). ``doctor`` calls it before the nodes measure, so a refusal costs no
+    measurement."""
+    refuse_existing([Path(path)], force, "facts-out", FACTS_ELSEWHERE)
 
 
 def write_cluster_facts(path, facts: ClusterFacts, force: bool = False) -> Path:
     """Write ``facts`` to ``path`` atomically and return the path; an existing file is replaced
     only with ``force`` (``refuse_existing_facts``). The facts are validated as ``load`` would."""
     _check_facts(facts.to_json(), str(path))
-    refuse_existing_facts(path, force)
     target = Path(path)
     text = json.dumps(facts.to_json(), indent=2) + "\n"
     # without force, write_files places the file only if no other writer created it meanwhile
-    return write_files(target.parent, {target.name: text}, force=force)[0]
+    files = {target.name: text}
+    return write_files(target.parent, files, force, "facts-out", FACTS_ELSEWHERE)[0]
 
 
 def load_cluster_facts(path) -> ClusterFacts:

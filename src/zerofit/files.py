@@ -9,44 +9,63 @@ from pathlib import Path
 
 from zerofit.errors import ZerofitError
 
+OUT_ELSEWHERE = "choose another --out directory"
 
-def write_files(outdir, files: dict[str, str], force: bool = False) -> list[Path]:
+
+def refuse_existing(
+    targets: list[Path], force: bool, field: str = "--out", elsewhere: str = OUT_ELSEWHERE
+) -> None:
+    """Refuse to write over ``targets``: a directory always, an existing file unless ``force``.
+
+    Every zerofit writer checks its targets this way before it measures or writes anything, and
+    names in the error the flag (``field``) that chose the target and where else to write
+    (``elsewhere``, e.g. "choose another --facts-out file").
+    """
+    for target in targets:
+        if target.is_dir():
+            raise ZerofitError(field, f"{target} is a directory", f"remove it or {elsewhere}")
+    existing = [target for target in targets if target.exists()]
+    if existing and not force:
+        listed = ", ".join(str(target) for target in existing)
+        raise ZerofitError(
+            field,
+            f"{listed} already exist{'s' if len(existing) == 1 else ''}",
+            f"pass --force to overwrite, or {elsewhere}",
+        )
+
+
+def write_files(
+    outdir,
+    files: dict[str, str],
+    force: bool = False,
+    field: str = "--out",
+    elsewhere: str = OUT_ELSEWHERE,
+) -> list[Path]:
     """Write ``files`` ({name: text}) into ``outdir``; return the written paths.
 
-    Names may hold subdirectories. Every target is checked before anything is written: without
-    ``force`` an existing file aborts the whole set. Each file goes to a temporary file in the same
-    directory first and is moved into place with ``os.replace``, so a reader never sees a
-    truncated file.
+    Names may hold subdirectories. Every target is checked before anything is written
+    (``refuse_existing``): without ``force`` an existing file aborts the whole set. Each file goes
+    to a temporary file in the same directory first and is moved into place with ``os.replace``,
+    so a reader never sees a truncated file. ``field`` and ``elsewhere`` word the errors for the
+    flag that chose the target.
     """
     out = Path(outdir)
     if out.exists() and not out.is_dir():
-        raise ZerofitError("--out", f"{out} exists and is not a directory", "give a directory path")
+        raise ZerofitError(field, f"{out} exists and is not a directory", "give a directory path")
     targets = [out / name for name in files]
     for name in files:  # relative names only ("accelerate/zero2.yaml" is fine, "../x" is not)
         parts = Path(name).parts
         if not parts or Path(name).is_absolute() or ".." in parts:
             raise ZerofitError(
-                "--out", f"bad file name {name!r}", "use a relative name inside the directory"
+                field, f"bad file name {name!r}", "use a relative name inside the directory"
             )
-    existing = [t for t in targets if t.exists()]
-    if existing and not force:
-        listed = ", ".join(str(t) for t in existing)
-        raise ZerofitError(
-            "--out",
-            f"{listed} already exist{'s' if len(existing) == 1 else ''}",
-            "pass --force to overwrite, or choose another --out directory",
-        )
-    for t in existing:
-        if t.is_dir():
-            raise ZerofitError(
-                "--out", f"{t} is a directory", "remove it or choose another --out directory"
-            )
+    refuse_existing(targets, force, field, elsewhere)
     try:
         for target in targets:
             target.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise ZerofitError(
-            "--out", f"cannot create {out} ({exc.strerror})", "choose a writable directory"
+            field, f"cannot create {out} ({exc.strerror})", "choose a writable directory"
         ) from None
     # Stage every file first, then move them all into place: a failure while writing (disk full,
     # permissions) leaves the directory exactly as it was.
@@ -54,12 +73,12 @@ def write_files(outdir, files: dict[str, str], force: bool = False) -> list[Path
     placed: list[Path] = []
     try:
         for target, text in zip(targets, files.values(), strict=True):
-            staged.append((_write_temp(target, text), target))
+            staged.append((_write_temp(target, text, field), target))
         for tmp, target in staged:
             if force:
                 os.replace(tmp, target)
             else:
-                _place_exclusive(tmp, target)
+                _place_exclusive(tmp, target, field, elsewhere)
                 placed.append(target)
     except BaseException:
         for tmp, _ in staged:
@@ -70,7 +89,7 @@ def write_files(outdir, files: dict[str, str], force: bool = False) -> list[Path
     return targets
 
 
-def _place_exclusive(tmp: str, target: Path) -> None:
+def _place_exclusive(tmp: str, target: Path, field: str, elsewhere: str) -> None:
     """Move ``tmp`` to ``target`` only if ``target`` does not exist, atomically.
 
     The existence check above is not enough on its own: two ``zerofit config --out same`` started
@@ -81,9 +100,9 @@ def _place_exclusive(tmp: str, target: Path) -> None:
         os.link(tmp, target)
     except FileExistsError:
         raise ZerofitError(
-            "--out",
+            field,
             f"{target} was created by someone else while zerofit wrote",
-            "pass --force to overwrite, or choose another --out directory",
+            f"pass --force to overwrite, or {elsewhere}",
         ) from None
     except OSError as exc:
         if exc.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.EXDEV, errno.EMLINK):
@@ -94,21 +113,21 @@ def _place_exclusive(tmp: str, target: Path) -> None:
             os.close(os.open(target, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
         except FileExistsError:
             raise ZerofitError(
-                "--out",
+                field,
                 f"{target} was created by someone else while zerofit wrote",
-                "pass --force to overwrite, or choose another --out directory",
+                f"pass --force to overwrite, or {elsewhere}",
             ) from None
         os.replace(tmp, target)
         return
     os.unlink(tmp)
 
 
-def _write_temp(target: Path, text: str) -> str:
+def _write_temp(target: Path, text: str, field: str) -> str:
     try:
         fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
     except OSError as exc:
         raise ZerofitError(
-            "--out",
+            field,
             f"cannot write in {target.parent} ({exc.strerror})",
             "choose a writable directory",
         ) from None

@@ -479,7 +479,7 @@ def test_facts_out_never_replaces_a_file_without_force(tmp_path: Path, capsys) -
     err = capsys.readouterr().err.strip()
     assert err == (
         f"zerofit: error: facts-out: {existing} already exists "
-        "(fix: pass --force to overwrite it, or choose another --facts-out file)"
+        "(fix: pass --force to overwrite, or choose another --facts-out file)"
     )
     assert main([*argv, "--force"]) == 2
     err = capsys.readouterr().err.strip()

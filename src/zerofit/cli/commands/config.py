@@ -223,19 +223,18 @@ def refuse_unfit(plan) -> None:
     )
 
 
+DEFAULT_ELSEWHERE = "launch with --config_file instead"
+
+
 def check_default_target(force: bool) -> Path:
     """accelerate's default config path; ZerofitError if it exists and ``force`` is not given."""
     import os
 
     from zerofit.configs.accelerate_yaml import default_config_path
+    from zerofit.files import refuse_existing
 
     target = Path(default_config_path(os.environ))
-    if target.exists() and not force:
-        raise ZerofitError(
-            "--save-default",
-            f"{target} already exists",
-            "pass --force to overwrite it, or launch with --config_file instead",
-        )
+    refuse_existing([target], force, "--save-default", DEFAULT_ELSEWHERE)
     return target
 
 
@@ -243,7 +242,8 @@ def save_default(text: str, target: Path, force: bool) -> list[Path]:
     """Write accelerate.yaml text as accelerate's default config (``accelerate launch x.py``)."""
     from zerofit.files import write_files
 
-    return write_files(target.parent, {target.name: text}, force=force)
+    files = {target.name: text}
+    return write_files(target.parent, files, force, "--save-default", DEFAULT_ELSEWHERE)
 
 
 def plan_summary(plan) -> dict:
