@@ -133,6 +133,41 @@ def test_cli_training_flag_reads_the_deepspeed_json_the_yaml_names(tmp_path, mon
     assert "ds.json:zero_optimization.stage3_gather_16bit_weights_on_model_save" in paths
 
 
+LAUNCH_YAML = """compute_environment: LOCAL_MACHINE
+distributed_type: DEEPSPEED
+deepspeed_config:
+  deepspeed_config_file: ds.json
+  zero3_init_flag: true
+machine_rank: 0
+main_training_function: main
+num_machines: 1
+num_processes: 2
+"""
+
+
+def test_cli_training_command_reads_the_accelerate_config_it_launches_with(
+    tmp_path, monkeypatch, capsys
+):
+    """`accelerate launch --config_file X script.py ...`: X is accelerate's file, not the script's
+    arguments, whatever its name; check reads it, and the DeepSpeed JSON it names judges the
+    setup."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "ds.json").write_text(json.dumps(zero_config(3, gather=False)))
+    (tmp_path / "launch.yaml").write_text(LAUNCH_YAML)
+    command = (
+        "accelerate launch --config_file launch.yaml sft.py --model_name_or_path m --use_peft "
+        "--load_in_4bit"
+    )
+    setup = read_training(command, read_text)
+    assert (setup.accelerate_config, setup.model, setup.quant_bits) == ("launch.yaml", "m", 4)
+    assert main(["check", "--training", command, "--json"]) == 1
+    report = json.loads(capsys.readouterr().out)
+    paths = {p["path"] for p in report["problems"]}
+    assert report["files"] == ["launch.yaml", "ds.json"]
+    assert "command:bnb_4bit_quant_storage" in paths
+    assert "ds.json:zero_optimization.stage3_gather_16bit_weights_on_model_save" in paths
+
+
 def test_cli_training_yaml_that_is_not_a_mapping_is_one_line(tmp_path, capsys):
     (tmp_path / "ds.json").write_text(json.dumps(zero_config(3)))
     (tmp_path / "bad.yaml").write_text("- a list\n")

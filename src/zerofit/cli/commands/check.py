@@ -111,21 +111,24 @@ def run(args) -> int:
 
 
 def _read_training(value: str, texts: dict[str, str]):
-    """The ``--training`` setup, with the DeepSpeed JSON it names added to ``texts`` when that
-    file exists; without any FILE, that JSON is all there is to judge the setup against, so it
-    must be named and exist."""
+    """The ``--training`` setup, with the files it names added to ``texts``: the DeepSpeed JSON
+    of a TRL / LLaMA-Factory YAML or `--deepspeed` flag when that file exists, and the accelerate
+    YAML of `accelerate launch --config_file X` (whose deepspeed_config_file check then reads).
+    Without any FILE, those are all there is to judge the setup against, so one must be named
+    and exist."""
     from zerofit.configs.check.training import read_training
 
     training = read_training(value, _read)
-    named = training.deepspeed
-    if named and named not in texts and (Path(named).is_file() or not texts):
-        texts[named] = _read(named)  # a named file that is missing is a one-line error
+    given_files = bool(texts)
+    for named in (training.deepspeed, training.accelerate_config):
+        if named and named not in texts and (Path(named).is_file() or not given_files):
+            texts[named] = _read(named)  # a named file that is missing is a one-line error
     if not texts:
         where = "the command" if training.source == "command" else training.source
         raise ZerofitError(
             "--training",
-            f"{where} names no DeepSpeed config (no `deepspeed:` key or --deepspeed "
-            "flag) to check it against",
+            f"{where} names no DeepSpeed config (no `deepspeed:` key, --deepspeed flag or "
+            "accelerate --config_file) to check it against",
             "give the DeepSpeed JSON or accelerate YAML too: zerofit check ds_config.json "
             "--training ...",
         )

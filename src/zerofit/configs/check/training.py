@@ -50,6 +50,8 @@ class TrainingSetup:
     device_map: Any = None
     low_cpu_mem_usage: Any = None
     deepspeed: str | None = None  # the DeepSpeed JSON a TRL / LLaMA-Factory YAML names
+    # the accelerate config of `accelerate launch --config_file X script.py ...`
+    accelerate_config: str | None = None
 
 
 # ----------------------------------------------------------------------------- reading
@@ -85,17 +87,33 @@ def setup_from_command(command: str, read_text) -> TrainingSetup:
         words = shlex.split(command)
     except ValueError as exc:
         raise ZerofitError("--training", f"cannot split the command ({exc})", "quote it") from None
+    launcher_config = _launcher_config(words)
     values: dict[str, Any] = {}
     for word in words:
+        if word == launcher_config:
+            continue  # accelerate's own config, not the training script's arguments
         if word.lower().endswith((".yaml", ".yml")) and os.path.isfile(word):
-            if "accelerate" in os.path.basename(word).lower():
-                continue  # the accelerate config of `accelerate launch --config_file`
             values.update(_yaml_mapping(os.path.basename(word), read_text(word)))
     values.update(_command_flags(words))
     script = next((w for w in words if w.endswith(".py")), "")
     if os.path.basename(script) in RECIPE_SCRIPTS and "recipes" in script:
         values.setdefault("finetuning", "full")
-    return setup_from_mapping("command", values)
+    setup = setup_from_mapping("command", values)
+    return dataclasses.replace(setup, accelerate_config=launcher_config)
+
+
+def _launcher_config(words: list[str]) -> str | None:
+    """X of `accelerate launch --config_file X script.py ...`: the launcher's flags come before
+    the script (accelerate/commands/launch.py, launch_command_parser: `--config_file`)."""
+    script = next((i for i, w in enumerate(words) if w.endswith(".py")), len(words))
+    for index, word in enumerate(words[:script]):
+        key, equals, value = word.partition("=")
+        if key != "--config_file":
+            continue
+        if equals:
+            return value or None
+        return words[index + 1] if index + 1 < script else None
+    return None
 
 
 def _command_flags(words: list[str]) -> dict[str, Any]:
