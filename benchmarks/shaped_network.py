@@ -78,7 +78,10 @@ def llama_config(shape: dict):
 # --- inside each rank ---------------------------------------------------------------------
 def ds_config(stage: int, offload: bool) -> dict:
     """The DeepSpeed JSON of one configuration: fp32, DeepSpeed's own defaults otherwise
-    (overlap_comm, buckets); AdamW, which becomes DeepSpeedCPUAdam under offload."""
+    (overlap_comm, buckets). AdamW: DeepSpeedCPUAdam under offload; without offload torch's
+    AdamW (``torch_adam``), the optimizer an HF Trainer run of zerofit's JSON (no optimizer
+    block) steps with, rather than DeepSpeed's FusedAdam, whose CPU build would be one more
+    ~40 s JIT compile (deepspeed/runtime/engine.py, get_optimizer_configuration)."""
     zero: dict = {"stage": stage}
     if offload:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": False}
@@ -86,7 +89,7 @@ def ds_config(stage: int, offload: bool) -> dict:
         "train_micro_batch_size_per_gpu": MICRO_BATCH,
         "gradient_accumulation_steps": GRAD_ACCUM,
         "zero_optimization": zero,
-        "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}},
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "torch_adam": not offload}},
         "steps_per_print": 10**9,
     }
 
