@@ -9,10 +9,17 @@ The backward pass costs twice the forward (the gradient with respect to each mat
 to its weight, one forward's worth each); gradient checkpointing runs every layer's forward a
 second time during backward (``torch.utils.checkpoint``: the checkpointed function is called again
 in the backward), the LM head excluded.
+
+GPT-2, BERT / RoBERTa, DeBERTa-v2 and T5 are counted from their own modules instead
+(``FAMILY_FORWARD_TERMS``): their matmuls differ from a Llama layer's (no gate, a head with a
+transform, relative-position products, an encoder-decoder), and checked against torch's own FLOP
+counter on the real modules (tests/speed/test_flops.py).
 """
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from zerofit.models.resolve import ModelSpec
@@ -56,9 +63,15 @@ def mlp_params_per_token(model: ModelSpec) -> float:
     return per_layer
 
 
-def forward_flops_per_sequence(model: ModelSpec, seq_len: int) -> dict[str, float]:
+def forward_flops_per_sequence(
+    model: ModelSpec, seq_len: int, decoder_len: int | None = None
+) -> dict[str, float]:
     """Forward FLOPs of one sequence of ``seq_len`` tokens, by term: the layers' matmuls, the
-    causal attention products and the LM head."""
+    attention products (causal for decoders) and the LM head. ``decoder_len``: an
+    encoder-decoder's target length (T5; default ``seq_len``), ignored by other models."""
+    family_terms = FAMILY_FORWARD_TERMS.get(model.architecture)
+    if family_terms is not None:
+        return family_terms(model, _config_fields(model), seq_len, decoder_len or seq_len)
     per_token_layer = 2.0 * (attention_projection_params(model) + mlp_params_per_token(model))
     query_width = model.num_heads * model.head_dim
     # Q K^T and P V: 2 FLOPs x seq x seq x width each, half of it under the causal mask
@@ -77,15 +90,17 @@ def estimate_step_flops(
     sequences: int,
     gradient_checkpointing: bool = False,
     frozen_weights: bool = False,
+    decoder_len: int | None = None,
 ) -> StepFlops:
-    """FLOPs of ``sequences`` sequences of ``seq_len`` tokens through forward and backward.
+    """FLOPs of ``sequences`` sequences of ``seq_len`` tokens through forward and backward
+    (an encoder-decoder's targets: ``decoder_len`` tokens, default ``seq_len``).
 
     ``frozen_weights`` (LoRA, other adapters): the backward still computes every weight matmul's
     input gradient but not the frozen weights' gradients, so those matmuls cost one forward
     instead of two; attention's products have no weights and keep their two. The adapters' own
     matmuls are under 1 % and left out.
     """
-    terms = forward_flops_per_sequence(model, seq_len)
+    terms = forward_flops_per_sequence(model, seq_len, decoder_len)
     forward = sum(terms.values()) * sequences
     weight_matmuls = (terms["layers"] + terms["lm_head"]) * sequences
     backward = 2.0 * forward - (weight_matmuls if frozen_weights else 0.0)
@@ -93,6 +108,133 @@ def estimate_step_flops(
     if gradient_checkpointing:
         recompute = (terms["layers"] + terms["attention"]) * sequences
     return StepFlops(forward=forward, backward=backward, recompute=recompute)
+
+
+def _config_fields(model: ModelSpec) -> dict:
+    """The config.json fields the model was read from (empty for a shape built in code)."""
+    return json.loads(model.config_json) if model.config_json else {}
+
+
+def _gpt2_terms(model: ModelSpec, config: dict, seq_len: int, decoder_len: int) -> dict:
+    """GPT-2 (transformers models/gpt2/modeling_gpt2.py): ``GPT2Attention`` runs c_attn, a
+    Conv1D of h x 3h (one addmm for q, k and v), and c_proj (h x h); ``GPT2MLP`` c_fc (h x
+    n_inner, where n_inner None means 4h: ``GPT2Block``) and c_proj back; ``GPT2LMHeadModel``'s
+    lm_head (h x vocab, tied to wte). Causal attention: sdpa / flash skip the masked half as
+    for the other decoders. The learned position embedding is a lookup."""
+    hidden, inner = model.hidden_size, model.intermediate_size
+    per_token_layer = 2.0 * (4 * hidden * hidden + 2 * hidden * inner)
+    return {
+        "layers": per_token_layer * seq_len * model.num_layers,
+        "attention": 2 * 2.0 * seq_len * seq_len * hidden / 2 * model.num_layers,
+        "lm_head": 2.0 * hidden * model.vocab_size * seq_len,
+    }
+
+
+def _bert_terms(model: ModelSpec, config: dict, seq_len: int, decoder_len: int) -> dict:
+    """BERT and RoBERTa (models/bert/modeling_bert.py, models/roberta/modeling_roberta.py):
+    ``BertSelfAttention`` query/key/value (h x heads*head_dim), ``BertSelfOutput`` dense (h x
+    h), ``BertIntermediate`` (h x intermediate) and ``BertOutput`` back. Attention is
+    bidirectional: the whole seq x seq products, no masked half to skip. The head is the
+    masked-LM head over every token (``BertForMaskedLM`` / ``RobertaForMaskedLM``):
+    ``BertPredictionHeadTransform`` / ``RobertaLMHead`` dense (h x h), then the decoder (h x
+    vocab); a classification head is a few columns instead."""
+    hidden, inner = model.hidden_size, model.intermediate_size
+    width = model.num_heads * model.head_dim
+    per_token_layer = 2.0 * (3 * hidden * width + width * hidden + 2 * hidden * inner)
+    return {
+        "layers": per_token_layer * seq_len * model.num_layers,
+        "attention": 2 * 2.0 * seq_len * seq_len * width * model.num_layers,
+        "lm_head": 2.0 * (hidden * hidden + hidden * model.vocab_size) * seq_len,
+    }
+
+
+def _deberta_position_span(config: dict) -> int:
+    """``DisentangledSelfAttention.pos_ebd_size``: the position buckets when set, else the
+    relative distance (``max_relative_positions``, which defaults to the positions' count)."""
+    buckets = config.get("position_buckets", -1)
+    if buckets and buckets > 0:
+        return buckets
+    distance = config.get("max_relative_positions", -1)
+    return distance if distance and distance >= 1 else config.get("max_position_embeddings", 512)
+
+
+def _deberta_v2_terms(model: ModelSpec, config: dict, seq_len: int, decoder_len: int) -> dict:
+    """DeBERTa-v2/v3 (models/deberta_v2/modeling_deberta_v2.py). Per layer:
+    ``DisentangledSelfAttention`` query/key/value_proj (h x heads*head_dim), ``DebertaV2SelfOutput``
+    (h x h) and the BERT-like MLP. With ``relative_attention`` its ``disentangled_attention_bias``
+    projects the 2*span relative embeddings (``pos_ebd_size``) through query_proj and key_proj
+    (both when ``share_att_key``, else pos_key_proj for c2p and pos_query_proj for p2c), once per
+    forward, and multiplies them with q (c2p) and k (p2c): seq x 2*span products per head beside
+    q k^T and p v. The first layer's optional ``ConvLayer`` (Conv1d, ``conv_kernel_size``), the
+    embedding projection when ``embedding_size`` differs from h, and the masked-LM head
+    (``LegacyDebertaV2OnlyMLMHead`` when ``legacy``: dense h x embedding_size and a decoder;
+    else ``DebertaV2LMPredictionHead``: dense h x h and the tied embedding) complete it."""
+    hidden, inner, layers = model.hidden_size, model.intermediate_size, model.num_layers
+    width = model.num_heads * model.head_dim
+    embedding = config.get("embedding_size") or hidden
+    per_token_layer = 2.0 * (3 * hidden * width + hidden * hidden + 2 * hidden * inner)
+    matmuls = per_token_layer * seq_len * layers
+    products = 2 * 2.0 * seq_len * seq_len * width * layers
+    if config.get("relative_attention", False):
+        positions = 2 * _deberta_position_span(config)
+        kinds = config.get("pos_att_type") or []
+        if isinstance(kinds, str):  # DebertaV2Config.__post_init__ splits "p2c|c2p"
+            kinds = [kind.strip() for kind in kinds.lower().split("|")]
+        relative = [kind for kind in kinds if kind in ("c2p", "p2c")]
+        projections = 2 if config.get("share_att_key", False) else len(relative)
+        matmuls += 2.0 * positions * hidden * width * projections * layers
+        products += 2.0 * seq_len * positions * width * len(relative) * layers
+    if config.get("conv_kernel_size", 0) > 0:
+        groups = config.get("conv_groups", 1)
+        matmuls += 2.0 * hidden * hidden // groups * config["conv_kernel_size"] * seq_len
+    if embedding != hidden:
+        matmuls += 2.0 * embedding * hidden * seq_len
+    transform = embedding if config.get("legacy", True) else hidden
+    head = hidden * transform + transform * model.vocab_size
+    return {"layers": matmuls, "attention": products, "lm_head": 2.0 * head * seq_len}
+
+
+def _t5_terms(model: ModelSpec, config: dict, seq_len: int, decoder_len: int) -> dict:
+    """T5 (models/t5/modeling_t5.py): ``seq_len`` tokens through ``num_layers`` encoder blocks,
+    ``decoder_len`` through ``num_decoder_layers`` decoder blocks (default: as many). Each
+    ``T5Attention`` runs q, k, v (d_model x heads*d_kv) and o back; the decoder's
+    ``T5LayerCrossAttention`` takes q from its own tokens and k, v from every encoder token. The
+    FF is ``T5DenseActDense`` (wi, wo: d_model x d_ff) or, for a ``gated-`` feed_forward_proj,
+    ``T5DenseGatedActDense`` (wi_0, wi_1, wo). Every attention product is whole: the relative
+    position bias enters sdpa as a float mask (``sdpa_attention.create_position_bias_mask``, the
+    decoder's causal part included), so no kernel skips the masked half. The LM head
+    (``T5ForConditionalGeneration.lm_head``, d_model x vocab) scores the decoder's tokens."""
+    hidden, width = model.hidden_size, model.num_heads * model.head_dim
+    encoder_layers = model.num_layers
+    decoder_layers = config.get("num_decoder_layers") or encoder_layers
+    gated = str(config.get("feed_forward_proj", "relu")).split("-")[0] == "gated"
+    feed_forward = (3 if gated else 2) * hidden * model.intermediate_size
+    attention_weights = 4 * hidden * width
+    encoder = 2.0 * (attention_weights + feed_forward) * seq_len * encoder_layers
+    # the cross-attention's q and o run on the decoder's tokens, its k and v on the encoder's
+    cross_query_output = cross_key_value = 2 * hidden * width
+    decoder_per_token = attention_weights + cross_query_output + feed_forward
+    decoder = 2.0 * decoder_per_token * decoder_len * decoder_layers
+    cross_key_value = 2.0 * cross_key_value * seq_len * decoder_layers
+    products = 2 * 2.0 * width * (
+        seq_len * seq_len * encoder_layers
+        + (decoder_len * decoder_len + decoder_len * seq_len) * decoder_layers
+    )
+    return {
+        "layers": encoder + decoder + cross_key_value,
+        "attention": products,
+        "lm_head": 2.0 * hidden * model.vocab_size * decoder_len,
+    }
+
+
+# model types counted from their own modules; every other one is a decoder counted above
+FAMILY_FORWARD_TERMS: dict[str, Callable[[ModelSpec, dict, int, int], dict]] = {
+    "gpt2": _gpt2_terms,
+    "bert": _bert_terms,
+    "roberta": _bert_terms,
+    "deberta-v2": _deberta_v2_terms,
+    "t5": _t5_terms,
+}
 
 
 def six_n_flops(params: int, tokens: int) -> float:
