@@ -68,7 +68,7 @@ FAMILY_CONFIGS: dict[str, tuple[str, dict]] = {
         "T5Config",
         dict(d_model=64, d_kv=16, d_ff=128, num_layers=2, num_heads=4),
     ),
-    # T5 v1.1 / Flan-T5: gated-GELU FF, untied lm_head; and a decoder deeper than the encoder
+    # T5 v1.1 / Flan-T5: gated-GELU FF, an "untied" head; and a decoder deeper than the encoder
     "t5-v1.1": (
         "T5Config",
         dict(
@@ -79,7 +79,7 @@ FAMILY_CONFIGS: dict[str, tuple[str, dict]] = {
             num_decoder_layers=3,
             num_heads=4,
             feed_forward_proj="gated-gelu",
-            tie_word_embeddings=False,
+            tie_word_embeddings=False,  # transformers 5 ties it anyway
         ),
     ),
 }

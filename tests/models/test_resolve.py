@@ -13,6 +13,7 @@ from pathlib import Path
 from unittest import mock
 
 import pytest
+from model_families import FAMILY_CONFIGS, build_family_model, family_config_json
 
 from zerofit.errors import ZerofitError
 from zerofit.models import resolve as models
@@ -560,3 +561,38 @@ def test_a_tiny_model_s_plan_names_its_real_size(tmp_path) -> None:
     decisions = plan(Answers(model=str(path), gpu="H100", seq_len=128)).decisions
     stage = next(decision for decision in decisions if decision.field == "stage")
     assert "0.00B" not in stage.reason and "(0.1M) on 1 x H100-SXM" in stage.reason
+
+
+@pytest.mark.parametrize("name", list(FAMILY_CONFIGS))
+def test_non_llama_families_count_the_real_model(name, tmp_path):
+    """GPT-2, BERT, RoBERTa, DeBERTa-v2 and T5, read from the config.json transformers saves:
+    the count (meta device) equals the parameters of the model users train, built for real on
+    the CPU: T5's seq2seq LM, DeBERTa-v2's masked LM with its head (it has no causal LM)."""
+    fields = family_config_json(name)
+    (tmp_path / "config.json").write_text(json.dumps(fields))
+    spec = resolve_model(str(tmp_path))
+    real = build_family_model(name)
+    assert spec.params == sum(p.numel() for p in real.parameters())
+    assert spec.active_params == spec.params and spec.num_experts == 0
+
+
+def test_non_llama_families_read_their_own_field_names():
+    """GPT-2's n_embd / n_layer / n_head / n_inner (None: 4 x n_embd) and T5's d_model /
+    num_layers / num_heads / d_ff / d_kv land in the shape fields the FLOPs and memory read."""
+    gpt2 = spec_from_config(family_config_json("gpt2"), "gpt2")
+    assert (gpt2.hidden_size, gpt2.num_layers, gpt2.num_heads) == (64, 2, 4)
+    assert gpt2.intermediate_size == 256 and gpt2.tie_embeddings
+    t5 = spec_from_config(family_config_json("t5-v1.1"), "t5-v1.1")
+    assert (t5.hidden_size, t5.num_layers, t5.num_heads, t5.head_dim) == (64, 2, 4, 16)
+    # transformers 5 ties T5's lm_head whatever the config says (T5Config.__post_init__)
+    assert t5.intermediate_size == 96 and t5.tie_embeddings
+    assert models.training_model_class(_config_of(t5)).__name__ == "AutoModelForSeq2SeqLM"
+    deberta = spec_from_config(family_config_json("deberta-v3"), "deberta-v3")
+    assert models.training_model_class(_config_of(deberta)).__name__ == "AutoModelForMaskedLM"
+
+
+def _config_of(spec):
+    from transformers import AutoConfig
+
+    fields = json.loads(spec.config_json)
+    return AutoConfig.for_model(fields.pop("model_type"), **fields)

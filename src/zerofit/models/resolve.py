@@ -80,7 +80,9 @@ _REQUIRED = (
     "num_attention_heads",
     "vocab_size",
 )
-_CACHE_VERSION = "1"
+# bump when what a meta-device count records changes (2: T5 and DeBERTa-v2 counted with their
+# LM heads, T5's d_ff / d_kv read as its widths)
+_CACHE_VERSION = "2"
 
 
 def count_params_analytic(config: dict, where: str = "config.json") -> dict | None:
@@ -162,7 +164,7 @@ def count_params_meta(config: dict, where: str = "config.json") -> dict:
     """
     import torch
     import transformers
-    from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
+    from transformers import AutoConfig
 
     model_type = config.get("model_type")
     verbosity = transformers.logging.get_verbosity()
@@ -172,10 +174,7 @@ def count_params_meta(config: dict, where: str = "config.json") -> dict:
             model_type, **{k: v for k, v in config.items() if k != "model_type"}
         )
         with torch.device("meta"):
-            try:
-                model = AutoModelForCausalLM.from_config(cfg)
-            except ValueError:  # no causal-LM head registered (encoders, some multimodal models)
-                model = AutoModel.from_config(cfg)
+            model = training_model_class(cfg).from_config(cfg)
     except Exception as err:  # transformers raises many types for unknown or inconsistent configs
         raise _meta_failure(config, where, err, transformers.__version__) from err
     finally:
@@ -197,11 +196,12 @@ def count_params_meta(config: dict, where: str = "config.json") -> dict:
     return dict(
         architecture=model_type,
         hidden_size=h,
-        intermediate_size=get("intermediate_size", "n_inner", default=4 * h),
+        # GPT-2's n_inner (None: 4 x n_embd, GPT2Block), T5's d_ff and d_kv
+        intermediate_size=get("intermediate_size", "n_inner", "d_ff", default=4 * h),
         num_layers=get("num_hidden_layers"),
         num_heads=heads,
         num_kv_heads=get("num_key_value_heads", default=heads),
-        head_dim=get("head_dim", default=h // heads),
+        head_dim=get("head_dim", "d_kv", default=h // heads),
         vocab_size=get("vocab_size"),
         tie_embeddings=bool(getattr(cfg, "tie_word_embeddings", False)),
         params=total,
@@ -210,6 +210,26 @@ def count_params_meta(config: dict, where: str = "config.json") -> dict:
         experts_per_token=top_k if routed else 0,
         moe_intermediate_size=get("moe_intermediate_size", "intermediate_size") if routed else 0,
     )
+
+
+def training_model_class(config):
+    """The transformers class a model of ``config`` (a config object) trains as: its causal LM,
+    else its sequence-to-sequence LM (T5: ``T5ForConditionalGeneration``, its lm_head; transformers
+    5 ties it to the embedding even for T5 v1.1, ``T5Config.__post_init__``), else its masked LM
+    (DeBERTa-v2: ``DebertaV2ForMaskedLM``),
+    else the bare model (some multimodal models). BERT and RoBERTa have a causal-LM class
+    (``BertLMHeadModel``, ``RobertaForCausalLM``) with the same modules as their masked LM."""
+    from transformers import (
+        AutoModel,
+        AutoModelForCausalLM,
+        AutoModelForMaskedLM,
+        AutoModelForSeq2SeqLM,
+    )
+
+    for auto_class in (AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoModelForMaskedLM):
+        if type(config) in auto_class._model_mapping:
+            return auto_class
+    return AutoModel
 
 
 def _positive(config: dict, key: str, where: str) -> int:
