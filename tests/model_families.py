@@ -57,7 +57,7 @@ FAMILY_CONFIGS: dict[str, tuple[str, dict]] = {
             num_hidden_layers=2,
             num_attention_heads=4,
             intermediate_size=128,
-            max_position_embeddings=128,
+            max_position_embeddings=256,  # the longest traced length
             relative_attention=True,
             pos_att_type=["c2p", "p2c"],
             conv_kernel_size=3,
@@ -97,15 +97,20 @@ def family_config_json(name: str) -> dict:
     return fields
 
 
-def build_family_model(name: str, attention: str = "eager"):
+def build_family_model(name: str, attention: str = "eager", num_layers: int | None = None):
     """The model users train for ``FAMILY_CONFIGS[name]``, randomly initialised on the CPU
-    (models/resolve.py ``training_model_class``: causal, seq2seq or masked LM)."""
+    (models/resolve.py ``training_model_class``: causal, seq2seq or masked LM); ``num_layers``
+    another depth (T5: one encoder and one decoder block for 1)."""
     from transformers import AutoConfig
 
     from zerofit.models.resolve import training_model_class
 
     fields = {**family_config_json(name), "use_cache": False}
     config = AutoConfig.for_model(fields.pop("model_type"), attn_implementation=attention, **fields)
+    if num_layers is not None:
+        config.num_hidden_layers = num_layers
+        if num_layers == 1 and getattr(config, "num_decoder_layers", None):
+            config.num_decoder_layers = 1
     return training_model_class(config).from_config(config)
 
 

@@ -7,7 +7,11 @@ estimated with a Llama-shaped layer: the model's real forward runs on fake tenso
 (``torch._subclasses.fake_tensor.FakeTensorMode``: shapes and dtypes, no memory, no weights), and
 ``torch.autograd.graph.saved_tensors_hooks`` sees every tensor autograd keeps for backward.
 
-One decoder layer is the mean difference between the model at its real depth and a 1-layer model
+The model is the one users train (``_training_auto_class``): the causal LM, else the
+sequence-to-sequence LM (T5), else the masked LM (DeBERTa-v2; BERT and RoBERTa have a causal-LM
+class with the same modules). For an encoder-decoder a "layer" is one encoder block and one decoder
+block, both over ``s`` tokens (what ``activations.py`` multiplies by ``num_layers``, the encoder's
+depth). One layer is the mean difference between the model at its real depth and a 1-layer model
 of the user's config (embedding, final norm and the LM head cancel; layers that differ, like
 DeepSeek-V3's first dense ones or Qwen3-Next's linear-attention ones, are averaged). Its bytes at
 sequence length ``s`` are ``C + L*s + Q*s*s``: ``C`` is constant (autocast's bf16 copies of the
@@ -34,7 +38,7 @@ from zerofit.cache import cache_file, read_cache, store_in_cache
 # skipped and sdpa runs ``is_causal`` with ``enable_gqa``: sdpa_attention.use_gqa_in_sdpa)
 KERNEL_ATTENTION = "zerofit_kernel"
 # bump when what a trace records changes: older cache entries are then ignored
-TRACE_CACHE_VERSION = "2"
+TRACE_CACHE_VERSION = "3"  # 3: T5 and DeBERTa-v2 traced
 UNTRACEABLE = "untraceable"  # cached too: no reason to import transformers again to fail again
 # sequence lengths traced (any three distinct lengths solve C + L*s + Q*s*s exactly)
 TRACE_LENGTHS = (64, 128, 256)
@@ -93,7 +97,7 @@ def _trace(config_json: str, a: int, attention: str, residual: int) -> LayerTrac
     transformers.logging.set_verbosity_error()  # config sanity warnings are noise here
     try:
         config = _model_config(json.loads(config_json))
-        model_class = _causal_lm_class(config)
+        model_class = _training_auto_class(config)._model_mapping[type(config)]
         implementation = _implementation(model_class, attention)
         depth = max(2, config.num_hidden_layers)
         sizes = {
@@ -138,17 +142,28 @@ def _register_kernel_attention() -> str:
         # flash kernels apply Gemma2's soft-capping inside the kernel; sdpa refuses the argument,
         # and the tensors saved for backward are the same without it
         kwargs.pop("softcap", None)
+        # GPU kernels drop attention weights inside the kernel and keep only the RNG state; the
+        # CPU's sdpa would fall back to its math path and keep seq x seq masks (GPT-2, BERT and
+        # T5 train with attention dropout 0.1 by default)
+        kwargs["dropout"] = 0.0
         return sdpa_attention_forward(module, query, key, value, None, **kwargs)
 
     AttentionInterface.register(KERNEL_ATTENTION, kernel_attention)
     return KERNEL_ATTENTION
 
 
-def _causal_lm_class(config):
-    """The causal-LM model class transformers builds for ``config`` (a config object)."""
-    from transformers import AutoModelForCausalLM
+def _training_auto_class(config):
+    """The transformers auto class whose model users train for ``config`` (a config object): the
+    causal LM, else the sequence-to-sequence LM (T5: ``T5ForConditionalGeneration``), else the
+    masked LM (DeBERTa-v2: ``DebertaV2ForMaskedLM``); the same order as
+    ``models/resolve.py:training_model_class``, which this folder may not import. A KeyError
+    when transformers has none of the three (the caller then keeps the Llama-shaped layer)."""
+    from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, AutoModelForSeq2SeqLM
 
-    return AutoModelForCausalLM._model_mapping[type(config)]
+    for auto_class in (AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoModelForMaskedLM):
+        if type(config) in auto_class._model_mapping:
+            return auto_class
+    raise KeyError(type(config).__name__)
 
 
 def _model_config(config: dict):
@@ -174,10 +189,13 @@ def _saved_bytes(
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.autograd.graph import saved_tensors_hooks
-    from transformers import AutoModelForCausalLM
 
     cfg = copy.deepcopy(config)
     cfg.num_hidden_layers = layers
+    if getattr(cfg, "is_encoder_decoder", False) and getattr(cfg, "num_decoder_layers", None):
+        # T5Config keeps the decoder's depth apart (num_hidden_layers is the encoder's): one
+        # block each for the 1-layer model, the config's own depths for the full one
+        cfg.num_decoder_layers = 1 if layers == 1 else cfg.num_decoder_layers
     cfg.use_cache = False
     cfg._attn_implementation = implementation
     # bf16 weights train in bf16; fp32 weights (with or without bf16 autocast) stay fp32
@@ -185,7 +203,8 @@ def _saved_bytes(
     autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=residual != a)
     ids = torch.zeros((1, seq_len), dtype=torch.long)
     with FakeTensorMode(allow_non_fake_inputs=True):
-        model = AutoModelForCausalLM.from_config(cfg, dtype=weights_dtype).train()
+        auto_class = _training_auto_class(cfg)
+        model = auto_class.from_config(cfg, dtype=weights_dtype).train()
         weights = {p.untyped_storage()._cdata for p in model.parameters()}
         saved: dict[int, int] = {}
 
@@ -196,8 +215,23 @@ def _saved_bytes(
             return tensor
 
         with saved_tensors_hooks(pack, lambda tensor: tensor), autocast:
-            model(input_ids=ids)
+            model(input_ids=ids, **_extra_inputs(auto_class, ids))
     return sum(saved.values())
+
+
+def _extra_inputs(auto_class, ids) -> dict:
+    """What the model's forward needs beside ``input_ids``: an encoder-decoder's targets, as long
+    as its inputs (``decoder_input_ids``); a masked LM's all-ones ``attention_mask``, the one
+    DebertaV2Model builds itself when none is given, passed so that
+    ``PreTrainedModel.warn_if_padding_and_no_attention_mask`` does not read the ids' values
+    (fake tensors have none)."""
+    from transformers import AutoModelForMaskedLM, AutoModelForSeq2SeqLM
+
+    if auto_class is AutoModelForSeq2SeqLM:
+        return {"decoder_input_ids": ids}
+    if auto_class is AutoModelForMaskedLM:
+        return {"attention_mask": ids.new_ones(ids.shape)}
+    return {}
 
 
 def _solve(lengths: tuple[int, int, int], sizes: list[int]) -> tuple[int, int]:

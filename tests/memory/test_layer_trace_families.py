@@ -1,0 +1,104 @@
+"""The layer traced on fake tensors (memory/layer_trace.py) for the families that are not Llama
+decoders: GPT-2, BERT, RoBERTa, DeBERTa-v2 (masked LM) and T5 (seq2seq LM, one encoder and one
+decoder block per layer), against the same layers run on real CPU tensors.
+
+Run: .venv/bin/python -m pytest tests/memory/test_layer_trace_families.py -q   (~40 s)
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from model_families import build_family_model, family_config_json, family_inputs
+
+from zerofit.memory import activations as act
+from zerofit.memory import layer_trace
+from zerofit.models.resolve import spec_from_config
+
+pytest.importorskip("transformers")
+
+
+def _real_layer(name: str, attention: str, monkeypatch) -> tuple[int, int]:
+    """Per-token and per-seq**2 bytes one layer of ``name`` keeps on real CPU tensors (bf16
+    weights), from the difference between the model at its depth and at one layer. Under sdpa
+    the attention's own dropout is off, as in the GPU kernels (flash and memory-efficient
+    attention drop inside the kernel and keep only the RNG state; the CPU's math fallback would
+    keep seq x seq masks); every other dropout runs."""
+    import torch
+    from torch.autograd.graph import saved_tensors_hooks
+
+    if attention == "sdpa":
+        sdpa = torch.nn.functional.scaled_dot_product_attention
+
+        def sdpa_without_dropout(*args, **kwargs):
+            return sdpa(*args, **{**kwargs, "dropout_p": 0.0})
+
+        monkeypatch.setattr(
+            torch.nn.functional, "scaled_dot_product_attention", sdpa_without_dropout
+        )
+    fields = family_config_json(name)
+    depth = fields.get("num_layers") or fields.get("n_layer") or fields["num_hidden_layers"]
+    if fields["model_type"] == "deberta-v2":  # no sdpa: transformers' default is eager
+        attention = "eager"
+
+    def saved(layers: int, seq: int) -> int:
+        torch.manual_seed(0)
+        model = build_family_model(name, attention, num_layers=layers).to(torch.bfloat16).train()
+        weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
+        kept: dict[int, int] = {}
+
+        def pack(tensor):
+            storage = tensor.untyped_storage()
+            if storage.data_ptr() not in weights:
+                kept[storage.data_ptr()] = storage.nbytes()
+            return tensor
+
+        inputs = family_inputs(name, 1, seq, seq)
+        if "attention_mask" not in inputs and fields["model_type"] == "deberta-v2":
+            inputs["attention_mask"] = torch.ones_like(inputs["input_ids"])
+        with saved_tensors_hooks(pack, lambda tensor: tensor):
+            model(**inputs)
+        return sum(kept.values())
+
+    lengths = layer_trace.TRACE_LENGTHS
+    one_layer = [(saved(depth, s) - saved(1, s)) / (depth - 1) for s in lengths]
+    return layer_trace._solve(lengths, one_layer)
+
+
+@pytest.mark.parametrize(
+    "name,attention",
+    [
+        ("gpt2", "sdpa"),
+        ("gpt2", "eager"),
+        ("bert", "sdpa"),
+        ("roberta", "sdpa"),
+        ("deberta-v3", "sdpa"),  # no sdpa in DisentangledSelfAttention: eager attention
+        ("deberta-v2-conv", "eager"),
+        ("t5", "sdpa"),  # the relative position bias is sdpa's float mask, kept per layer
+        ("t5", "eager"),
+    ],
+)
+def test_fake_trace_matches_real_tensors(name, attention, monkeypatch):
+    """The fake-tensor trace keeps what the real layer keeps on real tensors (fake tensors only
+    skip the memory): the trace now builds these families' training models, where it used to
+    give up on T5 and DeBERTa-v2 (no causal-LM class) and fall back to a Llama-shaped layer."""
+    config = family_config_json(name)
+    trace = layer_trace.trace_decoder_layer(json.dumps(config), 2, attention, 2)
+    assert trace is not None
+    real_per_token, real_scores = _real_layer(name, attention, monkeypatch)
+    print(f"{name} {attention}: fake {trace.per_token:,}+{trace.scores}s^2 real {real_per_token:,}")
+    assert trace.per_token == pytest.approx(real_per_token, rel=0.01)
+    assert trace.scores == pytest.approx(real_scores, rel=0.01, abs=1)
+
+
+@pytest.mark.parametrize("name", ["t5", "deberta-v3"])
+def test_t5_and_deberta_are_traced_not_llama_shaped(name):
+    """The estimate's activations come from the family's own layer: T5 keeps its relative
+    position bias as a seq x seq mask even under sdpa; DeBERTa-v2 runs eager attention (its
+    disentangled attention has no kernel) and says so."""
+    model = spec_from_config(family_config_json(name), name)
+    trace = act.traced_layer(model, 2, "sdpa")
+    assert trace is not None and trace.scores > 0
+    expected = "traced" if name == "t5" else "traced_eager_only"
+    assert act.activations_basis(model, 2, "sdpa") == expected
