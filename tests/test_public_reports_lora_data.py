@@ -17,6 +17,7 @@ import re
 from pathlib import Path
 
 import pytest
+from conftest import load_benchmark
 from test_public_reports_data import (
     test_ds_config_agrees_with_the_answers as ds_config_agrees_with_the_answers,
 )
@@ -36,7 +37,8 @@ FRAMEWORKS = ("ms-swift", "llama-factory", "axolotl", "trl", "peft", "torchtune"
 # bitsandbytes NF4 is QLoRA as the issue defines it; the others are LoRA on a quantized base
 QUANTIZATIONS = ("none", "nf4", "int8", "gptq-int4", "gptq-int8", "awq-int4")
 # the full fine-tune kinds, plus torch.cuda.max_memory_allocated read exactly (torchtune's log)
-MEASURED_KINDS = ("alloc_lower_bound", "device_used", "reserved", "allocated")
+# and a max_memory_reserved read once after a whole epoch of varying rows (a ceiling)
+MEASURED_KINDS = ("alloc_lower_bound", "device_used", "reserved", "allocated", "reserved_whole_run")
 # "all-linear", or module names as PEFT's target_modules takes them, comma separated
 TARGETS = re.compile(r"[A-Za-z0-9_.\-]+(,[A-Za-z0-9_.\-]+)*")
 # the LoRA answers every record states, and the values they may hold
@@ -100,6 +102,10 @@ def test_report_has_source_quote_outcome_and_named_inferences(report):
         assert field and isinstance(reason, str) and reason.strip(), f"{field!r} needs a reason"
     for caveat in report.get("missing", []):
         assert isinstance(caveat, str) and caveat.strip()
+    if "not_evaluable" in report:
+        # what zerofit cannot model in that run, shaped like a ZerofitError line
+        assert report["not_evaluable"].startswith("not evaluable: ")
+        assert "(fix: " in report["not_evaluable"]
 
 
 @pytest.mark.parametrize("report", [r for r in REPORTS if "measured_gib" in r], ids=by_id)
@@ -162,3 +168,29 @@ def test_ds_config_agrees_with_the_answers(report):
 # Every model config a record names lies under tests/data/public_report_models
 # (test_answers_load_into_answers); tests/test_public_reports_data.py resolves each config there
 # offline (test_report_model_configs_carry_their_shape), so this file does not repeat it.
+
+
+def test_a_whole_run_reserved_figure_is_a_ceiling_on_the_peak():
+    """ms-swift 1.x's benchmark reads max_memory_reserved once after a whole epoch of rows of
+    varying length: a ceiling on the step's allocated peak, met when the prediction is at or
+    below it, and left out of the median error with the other bound."""
+    bench = load_benchmark("public_reports")
+    pred = {"status": "ok", "peak_gib": 20.0, "gpu_total_gib": 22.0, "allocator_gib": 1.0}
+    report = {"id": "r", "measured_gib": 27.7, "measured_kind": "reserved_whole_run"}
+    row = bench.measured_error(report, pred)
+    assert (row["predicted_gib"], row["consistent"]) == (20.0, True)
+    above = bench.measured_error({**report, "measured_gib": 19.0}, pred)
+    assert above["consistent"] is False
+    exact = bench.measured_error({**report, "measured_kind": "allocated"}, pred)
+    scores = bench.scored_errors([row, above, exact])
+    assert (scores["exact"], scores["bounds"], scores["bounds_kept"]) == (1, 2, 1)
+    assert scores["median_abs_error"] == pytest.approx(abs(20.0 - 27.7) / 27.7, abs=1e-4)
+
+
+def test_a_run_zerofit_cannot_model_is_left_out_with_its_reason(tmp_path):
+    """A record's ``not_evaluable`` line (torchtune's chunked loss, activation offloading) makes
+    the benchmark list the run as not evaluable instead of scoring another setup."""
+    bench = load_benchmark("public_reports")
+    report = next(r for r in REPORTS if r.get("not_evaluable"))
+    result = bench.estimate_report(report, bench.answer_fields(), tmp_path)
+    assert (result["status"], result["error"]) == ("error", report["not_evaluable"])
