@@ -278,6 +278,28 @@ def test_each_stage_counts_its_hooks_and_checkpointing_its_host_recompute():
     assert recompute_host_seconds(checkpointed, SMALL, cpu_profile(measured)) == 0
 
 
+def test_zero1_reduces_through_its_hooks_only_at_the_accumulation_boundary():
+    """ZeRO-1's gradient hook does its bucket work only in the optimizer step's last micro step
+    (stage_1_and_2.py ``reduce_ready_partitions_and_remove_grads``); ZeRO-2's in every one. So
+    under accumulation ZeRO-1 pays the per-tensor cost once per step, ZeRO-2 once per micro
+    step (measured on an H100: ZeRO-1's boundary backward +72 ms, the others +0)."""
+    from zerofit.speed.step_time import exposed_hook_seconds, gpu_profile, hook_seconds
+
+    device = gpu_profile(H200)
+    zero1 = TrainSetup(stage=1, grad_accum=8, world_size=8, gpus_per_node=8)
+    assert hook_seconds(zero1, SMALL, device, SMALL.params, boundary=False) == 0
+    boundary = hook_seconds(zero1, SMALL, device, SMALL.params)
+    assert boundary > 0
+    zero0 = dataclasses.replace(zero1, stage=0)
+    step_1 = estimate_step_time(zero1, SMALL, H200)
+    step_0 = estimate_step_time(zero0, SMALL, H200)
+    gpu_micro_step_s = (step_1.compute_s + step_1.recompute_s) / 8
+    once = exposed_hook_seconds(zero1, SMALL, device, SMALL.params, gpu_micro_step_s)
+    assert step_1.overhead_s - step_0.overhead_s == pytest.approx(once)
+    zero2 = dataclasses.replace(zero1, stage=2)
+    assert hook_seconds(zero2, SMALL, device, SMALL.params, boundary=False) == boundary
+
+
 def test_the_hooks_hide_behind_long_micro_steps():
     """On one GPU the host runs ahead: long micro steps hide the hooks whole. Across ranks the
     coordinator holds the host to the gathers: a share of them stays, shrinking as the GPU's

@@ -509,21 +509,32 @@ def trainable_tensors(model: ModelSpec, setup: TrainSetup, trainable: int) -> in
 
 
 def hook_seconds(
-    setup: TrainSetup, model: ModelSpec, device: DeviceProfile, trainable: int
+    setup: TrainSetup,
+    model: ModelSpec,
+    device: DeviceProfile,
+    trainable: int,
+    *,
+    boundary: bool = True,
 ) -> float:
-    """Host seconds of DeepSpeed's hooks in one micro step: the counts above times the device's
-    per-item costs (``GRAD_HOOK_S_PER_TENSOR``, ``STAGE3_FETCH_S_PER_MODULE``).
+    """Host seconds of DeepSpeed's hooks in one micro step (``boundary``: the last of the
+    optimizer step's micro steps): the counts above times the device's per-item costs
+    (``GRAD_HOOK_S_PER_TENSOR``, ``STAGE3_FETCH_S_PER_MODULE``).
 
     Gradient hooks run where ZeRO reduces gradients as backward makes them: stages 2 and 3, and
     stage 1 under ``overlap_comm`` (stage_1_and_2.py ``DeepSpeedZeroOptimizer.__init__``:
     ``if self.partition_gradients or self.overlap_comm``, then
     ``create_reduce_and_remove_grad_hooks``); stage 0 reduces at the boundary, no hook per
-    tensor. ZeRO-3 fetches and releases each module in forward, in backward, and in
-    checkpointing's recompute (the recomputed forward calls the pre-forward hooks again)."""
+    tensor. Stage 1's hook does its bucket work only at the accumulation boundary
+    (``reduce_ready_partitions_and_remove_grads``: ``if self.partition_gradients or
+    self.is_gradient_accumulation_boundary()``); before it, autograd accumulates into
+    ``param.grad`` and the hook returns. ZeRO-3 fetches and releases each module in forward, in
+    backward, and in checkpointing's recompute (the recomputed forward calls the pre-forward
+    hooks again)."""
     if setup.stage == 0:
         return 0.0
     seconds = 0.0
-    if setup.stage >= 2 or setup.overlap_comm:
+    reduces_now = setup.stage >= 2 or (setup.overlap_comm and boundary)
+    if reduces_now:
         seconds += trainable_tensors(model, setup, trainable) * device.grad_hook_s_per_tensor
     if setup.stage == 3:
         passes = 3 if setup.gradient_checkpointing else 2
@@ -550,9 +561,11 @@ def exposed_hook_seconds(
     device: DeviceProfile,
     trainable: int,
     gpu_micro_step_s: float,
+    *,
+    boundary: bool = True,
 ) -> float:
     """What the hooks add to one micro step (``hooks`` host seconds beside ``gpu`` seconds of
-    the micro step's kernels).
+    the micro step's kernels; ``boundary``: the optimizer step's last micro step).
 
     The host runs the hooks between kernel launches while the GPU works through its queue. On
     one rank nothing holds the host back: ZeRO-3's fetch has no collective to start
@@ -564,7 +577,7 @@ def exposed_hook_seconds(
     ``Event.synchronize``), and the gradient hooks wait on the buckets' reductions, so host
     and GPU take turns module by module: the hooks are hidden in proportion to the GPU's share
     of the pair, ``hooks x gpu / (hooks + gpu)``, leaving ``hooks^2 / (hooks + gpu)``."""
-    hooks = hook_seconds(setup, model, device, trainable)
+    hooks = hook_seconds(setup, model, device, trainable, boundary=boundary)
     hooks += recompute_host_seconds(setup, model, device)
     if hooks <= 0:
         return 0.0
@@ -678,9 +691,9 @@ def estimate_step_time(
     backward_s += micro_steps * adapter_elementwise_seconds(setup, model, device, trained)
     gpu_micro_step_s = (forward_s + backward_s + recompute_s) / micro_steps
     overhead_s = micro_steps * device.micro_step_overhead_s + device.optimizer_step_overhead_s
-    overhead_s += micro_steps * exposed_hook_seconds(
-        setup, model, device, trainable, gpu_micro_step_s
-    )
+    overhead_s += (micro_steps - 1) * exposed_hook_seconds(
+        setup, model, device, trainable, gpu_micro_step_s, boundary=False
+    ) + exposed_hook_seconds(setup, model, device, trainable, gpu_micro_step_s)
     compute_s = forward_s + backward_s
     generation_s = None
     if setup.workload == "grpo":  # TRL generates before the micro steps that train on it
