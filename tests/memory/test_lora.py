@@ -95,6 +95,33 @@ def test_nf4_bytes_are_what_bitsandbytes_stores(shape):
     assert lora.nf4_tensor_bytes(weight.numel()) == pytest.approx(stored, rel=0.03)
 
 
+@pytest.mark.parametrize("shape", [(352, 128), (1000, 77)])
+def test_the_quantization_state_lies_outside_the_parameter_zero3_partitions(shape):
+    """QLoRA under ZeRO-3 stores the 4-bit weight in the compute dtype
+    (``bnb_4bit_quant_storage``): the parameter's storage, all that DeepSpeed partitions
+    (``param.data``), holds the packed values only; absmax, codes and offset are tensors of
+    ``quant_state`` that every rank keeps whole (lora.frozen_base_bytes)."""
+    torch = pytest.importorskip("torch")
+    bnb = pytest.importorskip("bitsandbytes")
+
+    weight = torch.randn(*shape)
+    param = bnb.nn.Params4bit(
+        weight,
+        requires_grad=False,
+        compress_statistics=True,
+        quant_type="nf4",
+        quant_storage=torch.bfloat16,
+    )._quantize("cpu")
+    assert param.dtype == torch.bfloat16
+    packed = param.untyped_storage().nbytes()
+    state = param.quant_state
+    kept = [state.absmax, state.code, state.offset, state.state2.absmax, state.state2.code]
+    kept_bytes = sum(t.numel() * t.element_size() for t in kept)
+    assert all(t.untyped_storage().data_ptr() != param.data_ptr() for t in kept)
+    assert packed == -(-weight.numel() // 2)
+    assert lora.nf4_state_bytes(weight.numel(), 1) == pytest.approx(kept_bytes, rel=0.03)
+
+
 def test_qlora_base_counts_quantized_layers_and_16_bit_rest():
     """A whole model loaded by transformers with BitsAndBytesConfig is not possible offline on
     CPU, so the base's split is checked on peft's own wrapping: the Linear4bit modules
@@ -385,9 +412,28 @@ def test_qlora_base_is_sharded_under_zero3_only_with_matching_storage():
     sharded = _seven_b(stage=3, finetuning="qlora")
     whole = dataclasses.replace(sharded, quant_storage="uint8")
     full_base = lora.frozen_base_bytes(QWEN25_7B, whole, 2)
-    assert lora.frozen_base_bytes(QWEN25_7B, sharded, 2) == -(-full_base // 4)
     # 6.53B quantized weights at ~0.51 byte, 1.09B embedding and head weights in bf16
     assert 5.4e9 < full_base < 5.7e9
+    # ZeRO-3 partitions the packed values and the 16-bit rest; the quantization state stays
+    # whole on every rank
+    quantized, tensors = lora.quantized_elements(QWEN25_7B)
+    state = lora.nf4_state_bytes(quantized, tensors)
+    assert lora.frozen_base_bytes(QWEN25_7B, sharded, 2) == -(-(full_base - state) // 4) + state
+    offloaded = dataclasses.replace(sharded, offload_param="cpu")
+    assert lora.frozen_base_bytes(QWEN25_7B, offloaded, 2) == state
+
+
+def test_zero3_gathers_the_16_bit_lm_head_of_a_4bit_base():
+    """At the loss ZeRO-3 gathers the LM head, which transformers leaves in 16-bit
+    (get_keys_to_not_convert); the layer and the prefetch bucket gather packed NF4 values."""
+    from memory_shapes import QWEN25_7B
+
+    setup = _seven_b(stage=3, finetuning="qlora")
+    head = QWEN25_7B.vocab_size * QWEN25_7B.hidden_size * 2
+    layer = 200_000_000 * 2
+    assert lora.qlora_live_param_bytes(QWEN25_7B, setup, 2, head + layer) == head + layer // 4
+    est = estimate_memory(QWEN25_7B, setup)
+    assert est.breakdown["live_params"] > head
 
 
 def test_adapter_dpo_reference_is_the_base_with_adapters_disabled():

@@ -414,12 +414,10 @@ def estimate_memory(model, setup: TrainSetup) -> MemoryEstimate:
 
 def _live_params(model, setup: TrainSetup, sizes: StepSizes) -> int:
     """ZeRO-3's gathered parameters (states.stage3_live_params); a sharded 4-bit base gathers its
-    NF4 bytes, not 16-bit weights (lora.frozen_base_bytes)."""
+    packed NF4 values, its LM head 16-bit weights (lora.qlora_live_param_bytes)."""
     live = st.stage3_live_params(model, setup, sizes.compute_bytes, sizes.buckets)
     if setup.finetuning == "qlora" and live:
-        full = model.params * sizes.compute_bytes
-        live = math.ceil(live * lora.frozen_base_bytes(model, setup, sizes.compute_bytes) / full)
-        live = live * setup.world_size if setup.quant_storage == "compute" else live
+        live = lora.qlora_live_param_bytes(model, setup, sizes.compute_bytes, live)
     return live
 
 

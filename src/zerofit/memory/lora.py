@@ -175,13 +175,16 @@ def nf4_bytes(elements: int, tensors: int) -> int:
     (``functional.quantize_4bit``): packed values, one 8-bit absmax per 64-element block, one fp32
     absmax per 256 blocks, and each tensor's codes and offset. Per tensor the counts round up;
     summed over many tensors the rounding is within a few bytes per tensor."""
+    return math.ceil(elements / 2) + nf4_state_bytes(elements, tensors)
+
+
+def nf4_state_bytes(elements: int, tensors: int) -> int:
+    """The quantization state beside the packed values (``nf4_bytes`` less them): the 8-bit
+    absmax per 64-element block, the fp32 absmax per 256 blocks, each tensor's codes and offset.
+    bitsandbytes keeps it in ``Params4bit.quant_state`` (``QuantState.absmax``, ``.state2``),
+    tensors of their own outside the parameter's storage."""
     blocks = math.ceil(elements / NF4_BLOCK)
-    return (
-        math.ceil(elements / 2)
-        + blocks
-        + math.ceil(blocks / ABSMAX_BLOCK) * FP32
-        + tensors * NF4_TENSOR_CONSTANTS
-    )
+    return blocks + math.ceil(blocks / ABSMAX_BLOCK) * FP32 + tensors * NF4_TENSOR_CONSTANTS
 
 
 def nf4_tensor_bytes(elements: int) -> int:
@@ -201,20 +204,42 @@ def frozen_base_bytes(model, setup, element_bytes: int) -> int:
     partitioned only when they are stored in the compute dtype (``bnb_4bit_quant_storage``
     bfloat16: Params4bit is then a floating tensor that DeepSpeed shards; with the default uint8
     storage it is left whole on every rank, see peft's ``docs/source/accelerate/deepspeed.md``,
-    "ZeRO-3 and QLoRA"). Offloaded parameters (``offload_param``) leave nothing on the GPU."""
+    "ZeRO-3 and QLoRA"). Offloaded parameters (``offload_param``) leave nothing on the GPU.
+
+    ZeRO-3 partitions a parameter's ``data`` only (``partition_parameters.py``:
+    ``_partition_param`` copies a slice of it to ``param.ds_tensor``, ``free_param`` empties
+    ``param.data``), so a 4-bit weight's quantization state, which bitsandbytes keeps in
+    ``Params4bit.quant_state`` outside the parameter (``nf4_state_bytes``), stays whole on every
+    rank, whether parameters are offloaded or not."""
     params = model.params
     if setup.finetuning == "qlora":
         quantized, tensors = quantized_elements(model)
         quantized = min(quantized, params)
-        base = nf4_bytes(quantized, tensors) + (params - quantized) * element_bytes
+        state = nf4_state_bytes(quantized, tensors)
+        partitioned = math.ceil(quantized / 2) + (params - quantized) * element_bytes
         shardable = setup.quant_storage == "compute"
     else:
-        base, shardable = params * element_bytes, True
+        state, partitioned, shardable = 0, params * element_bytes, True
     if setup.stage == 3 and shardable:
         if setup.offload_param != "none":
-            return 0
-        return math.ceil(base / setup.world_size)
-    return base
+            return state
+        return math.ceil(partitioned / setup.world_size) + state
+    return partitioned + state
+
+
+def qlora_live_param_bytes(model, setup, element_bytes: int, live_bytes: int) -> int:
+    """ZeRO-3's gathered parameters with a 4-bit base, from ``states.stage3_live_params``'
+    16-bit figure (the LM head at the loss, one layer and the prefetch bucket). The LM head is
+    no ``Linear4bit`` (transformers' ``get_keys_to_not_convert``): it is gathered whole in
+    ``element_bytes``. A layer's linear weights, stored in the compute dtype
+    (``bnb_4bit_quant_storage``), gather their packed NF4 values: half a byte per weight (their
+    quantization state is never partitioned, ``frozen_base_bytes``). With the default uint8
+    storage nothing 4-bit is partitioned; the gathered share is the base's overall ratio."""
+    if setup.quant_storage != "compute":
+        whole = model.params * element_bytes
+        return math.ceil(live_bytes * frozen_base_bytes(model, setup, element_bytes) / whole)
+    head = min(live_bytes, model.vocab_size * model.hidden_size * element_bytes)
+    return head + math.ceil((live_bytes - head) / (2 * element_bytes))
 
 
 # --- the adapters' states under each ZeRO stage ---------------------------------------------------
