@@ -19,9 +19,10 @@ from zerofit.models.resolve import spec_from_config
 pytest.importorskip("transformers")
 
 
-def _real_layer(name: str, attention: str, monkeypatch) -> tuple[int, int]:
+def _real_layer(name: str, attention: str, monkeypatch, batch: int = 1) -> tuple[int, int]:
     """Per-token and per-seq**2 bytes one layer of ``name`` keeps on real CPU tensors (bf16
-    weights), from the difference between the model at its depth and at one layer. Under sdpa
+    weights) for a micro batch of ``batch`` sequences, from the difference between the model at
+    its depth and at one layer. Under sdpa
     the attention's own dropout is off, as in the GPU kernels (flash and memory-efficient
     attention drop inside the kernel and keep only the RNG state; the CPU's math fallback would
     keep seq x seq masks); every other dropout runs."""
@@ -54,7 +55,7 @@ def _real_layer(name: str, attention: str, monkeypatch) -> tuple[int, int]:
                 kept[storage.data_ptr()] = storage.nbytes()
             return tensor
 
-        inputs = family_inputs(name, 1, seq, seq)
+        inputs = family_inputs(name, batch, seq, seq)
         if "attention_mask" not in inputs and fields["model_type"] == "deberta-v2":
             inputs["attention_mask"] = torch.ones_like(inputs["input_ids"])
         with saved_tensors_hooks(pack, lambda tensor: tensor):
@@ -82,14 +83,24 @@ def _real_layer(name: str, attention: str, monkeypatch) -> tuple[int, int]:
 def test_fake_trace_matches_real_tensors(name, attention, monkeypatch):
     """The fake-tensor trace keeps what the real layer keeps on real tensors (fake tensors only
     skip the memory): the trace now builds these families' training models, where it used to
-    give up on T5 and DeBERTa-v2 (no causal-LM class) and fall back to a Llama-shaped layer."""
+    give up on T5 and DeBERTa-v2 (no causal-LM class) and fall back to a Llama-shaped layer.
+    DeBERTa-v2's relative-position indices are seq x seq tensors a micro batch keeps once, not
+    once per sequence (``shared_scores``)."""
     config = family_config_json(name)
     trace = layer_trace.trace_decoder_layer(json.dumps(config), 2, attention, 2)
     assert trace is not None
     real_per_token, real_scores = _real_layer(name, attention, monkeypatch)
-    print(f"{name} {attention}: fake {trace.per_token:,}+{trace.scores}s^2 real {real_per_token:,}")
+    print(
+        f"{name} {attention}: fake {trace.per_token:,} + ({trace.scores} per sequence + "
+        f"{trace.shared_scores} shared) s^2, real {real_per_token:,} + {real_scores} s^2"
+    )
     assert trace.per_token == pytest.approx(real_per_token, rel=0.01)
-    assert trace.scores == pytest.approx(real_scores, rel=0.01, abs=1)
+    assert trace.scores + trace.shared_scores == pytest.approx(real_scores, rel=0.01, abs=1)
+    # two sequences: twice the per-token and per-sequence bytes, the shared ones once (the split
+    # is solved from one length and rounded to whole bytes: within 2 bytes per s^2 of the real)
+    two_per_token, two_scores = _real_layer(name, attention, monkeypatch, batch=2)
+    assert two_per_token == pytest.approx(2 * trace.per_token, rel=0.01)
+    assert two_scores == pytest.approx(2 * trace.scores + trace.shared_scores, abs=2)
 
 
 @pytest.mark.parametrize("name", ["t5", "deberta-v3"])

@@ -158,7 +158,7 @@ def scores_bytes(
     kernels (sdpa / flash keep only a per-token log-sum-exp)."""
     trace = traced_layer(model, a, attention, residual)
     if trace is not None:
-        return trace.scores * micro_batch * seq_len * seq_len
+        return (trace.scores * micro_batch + trace.shared_scores) * seq_len * seq_len
     if attention == "eager":
         return eager_scores_bytes(model, a, micro_batch, seq_len)
     return 0

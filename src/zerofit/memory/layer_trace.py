@@ -16,8 +16,9 @@ of the user's config (embedding, final norm and the LM head cancel; layers that 
 DeepSeek-V3's first dense ones or Qwen3-Next's linear-attention ones, are averaged). Its bytes at
 sequence length ``s`` are ``C + L*s + Q*s*s``: ``C`` is constant (autocast's bf16 copies of the
 layer's weights, counted by ``states.autocast_weight_bytes``), ``L`` is per token, ``Q`` is the
-attention scores that eager attention keeps. Three lengths solve for the three. Nothing here runs
-at import; torch and transformers are imported by ``trace_decoder_layer`` only.
+attention scores that eager attention keeps. Three lengths solve for the three; a micro batch of
+two sequences splits ``Q`` into what each sequence keeps and what the micro batch keeps once.
+Nothing here runs at import; torch and transformers are imported by ``trace_decoder_layer`` only.
 """
 
 from __future__ import annotations
@@ -49,12 +50,15 @@ class LayerTrace:
     """What one decoder layer keeps for backward: ``per_token`` bytes for each token and
     ``scores`` bytes per sequence per ``seq_len**2`` (eager attention's score tensors).
     ``attention`` is the implementation traced (``eager`` or ``kernel``: sdpa / flash) and
-    ``flash`` whether the model class supports flash attention at all."""
+    ``flash`` whether the model class supports flash attention at all. ``shared_scores``: bytes
+    per ``seq_len**2`` that one micro batch keeps once, whatever its size (DeBERTa-v2's
+    relative-position indices, T5's position-bias mask of batch 1)."""
 
     per_token: int
     scores: int
     attention: str
     flash: bool
+    shared_scores: int = 0
 
 
 @functools.lru_cache(maxsize=64)
@@ -105,6 +109,11 @@ def _trace(config_json: str, a: int, attention: str, residual: int) -> LayerTrac
             for layers in (1, depth)
             for s in TRACE_LENGTHS
         }
+        longest = TRACE_LENGTHS[-1]
+        two_sequences = [
+            _saved_bytes(config, layers, longest, a, residual, implementation, batch=2)
+            for layers in (1, depth)
+        ]
     except Exception:  # transformers and torch raise many types for what they cannot build or run
         return None
     finally:
@@ -113,11 +122,15 @@ def _trace(config_json: str, a: int, attention: str, residual: int) -> LayerTrac
     # layers, Qwen3-Next's linear-attention layers) are averaged over their real depth
     one_layer = [(sizes[(depth, s)] - sizes[(1, s)]) / (depth - 1) for s in TRACE_LENGTHS]
     per_token, scores = _solve(TRACE_LENGTHS, one_layer)
-    if per_token <= 0 or scores < 0:
+    # the second sequence of a micro batch adds its tokens and its own scores, not the shared
+    # seq x seq tensors (the constant, autocast's weight copies, cancels too)
+    second = (two_sequences[1] - two_sequences[0]) / (depth - 1) - one_layer[-1]
+    own_scores = min(scores, round((second - per_token * longest) / longest**2))
+    if per_token <= 0 or scores < 0 or own_scores < 0:
         return None
     flash = bool(getattr(model_class, "_supports_flash_attn", False))
     kind = "eager" if implementation == "eager" else "kernel"
-    return LayerTrace(per_token, scores, kind, flash)
+    return LayerTrace(per_token, own_scores, kind, flash, scores - own_scores)
 
 
 def _implementation(model_class, attention: str) -> str:
@@ -181,11 +194,11 @@ def _model_config(config: dict):
 
 
 def _saved_bytes(
-    config, layers: int, seq_len: int, a: int, residual: int, implementation: str
+    config, layers: int, seq_len: int, a: int, residual: int, implementation: str, batch: int = 1
 ) -> int:
     """Bytes of the distinct storages autograd saves in one forward of a ``layers``-layer model
-    of ``config`` (a config object, left unchanged), batch 1, ``seq_len`` tokens, weights
-    excluded. Fake tensors: nothing is allocated."""
+    of ``config`` (a config object, left unchanged), ``batch`` sequences of ``seq_len`` tokens,
+    weights excluded. Fake tensors: nothing is allocated."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.autograd.graph import saved_tensors_hooks
@@ -201,7 +214,7 @@ def _saved_bytes(
     # bf16 weights train in bf16; fp32 weights (with or without bf16 autocast) stay fp32
     weights_dtype = torch.bfloat16 if a == 2 and residual == 2 else torch.float32
     autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=residual != a)
-    ids = torch.zeros((1, seq_len), dtype=torch.long)
+    ids = torch.zeros((batch, seq_len), dtype=torch.long)
     with FakeTensorMode(allow_non_fake_inputs=True):
         auto_class = _training_auto_class(cfg)
         model = auto_class.from_config(cfg, dtype=weights_dtype).train()
