@@ -19,16 +19,17 @@ from zerofit.models.resolve import spec_from_config
 pytest.importorskip("transformers")
 
 
-def _real_layer(name: str, attention: str, monkeypatch, batch: int = 1) -> tuple[int, int]:
-    """Per-token and per-seq**2 bytes one layer of ``name`` keeps on real CPU tensors (bf16
-    weights) for a micro batch of ``batch`` sequences, from the difference between the model at
-    its depth and at one layer. Under sdpa
-    the attention's own dropout is off, as in the GPU kernels (flash and memory-efficient
-    attention drop inside the kernel and keep only the RNG state; the CPU's math fallback would
-    keep seq x seq masks); every other dropout runs."""
+def run_as_on_a_gpu(monkeypatch, attention: str) -> None:
+    """Dropout as CUDA runs it, on the CPU: the fused ``native_dropout`` and its bool mask
+    (the CPU's multiplies by a bf16 noise tensor; layer_trace._fused_dropout says where);
+    under sdpa, no dropout inside the attention kernel (GPU kernels drop inside and keep the
+    RNG state; the CPU's math fallback would keep seq x seq masks)."""
     import torch
-    from torch.autograd.graph import saved_tensors_hooks
 
+    def fused_dropout(input, p=0.5, training=True, inplace=False):
+        return torch.native_dropout(input, p, True)[0] if training and p > 0 else input
+
+    monkeypatch.setattr(torch.nn.functional, "dropout", fused_dropout)
     if attention == "sdpa":
         sdpa = torch.nn.functional.scaled_dot_product_attention
 
@@ -38,6 +39,16 @@ def _real_layer(name: str, attention: str, monkeypatch, batch: int = 1) -> tuple
         monkeypatch.setattr(
             torch.nn.functional, "scaled_dot_product_attention", sdpa_without_dropout
         )
+
+
+def _real_layer(name: str, attention: str, monkeypatch, batch: int = 1) -> tuple[int, int]:
+    """Per-token and per-seq**2 bytes one layer of ``name`` keeps on real CPU tensors (bf16
+    weights) for a micro batch of ``batch`` sequences, from the difference between the model at
+    its depth and at one layer, dropout run as on a GPU (``run_as_on_a_gpu``)."""
+    import torch
+    from torch.autograd.graph import saved_tensors_hooks
+
+    run_as_on_a_gpu(monkeypatch, attention)
     fields = family_config_json(name)
     depth = fields.get("num_layers") or fields.get("n_layer") or fields["num_hidden_layers"]
     if fields["model_type"] == "deberta-v2":  # no sdpa: transformers' default is eager
@@ -151,8 +162,8 @@ def test_a_whole_step_with_the_traced_layer_matches_torch(family, monkeypatch):
     """Stage 0 without DeepSpeed, bf16 weights, the second training step (forward with labels,
     backward, foreach AdamW) of the family's real model on CPU, tracked by MemTracker
     (tests/memory_probe.py): the estimate's peak, whose activations come from the traced
-    layer, is within a few % of what torch allocates. Attention dropout is off under sdpa, as
-    in the GPU kernels (see ``_real_layer``)."""
+    layer, is within a few % of what torch allocates, dropout run as on a GPU
+    (``run_as_on_a_gpu``)."""
     import torch
     from memory_probe import tracked_peak
     from transformers import AutoConfig
@@ -160,14 +171,9 @@ def test_a_whole_step_with_the_traced_layer_matches_torch(family, monkeypatch):
     from zerofit.memory.estimate import TrainSetup, estimate_memory
     from zerofit.models.resolve import training_model_class
 
-    sdpa = torch.nn.functional.scaled_dot_product_attention
-
-    def sdpa_without_dropout(*args, **kwargs):
-        return sdpa(*args, **{**kwargs, "dropout_p": 0.0})
-
-    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", sdpa_without_dropout)
     fields = {**WHOLE_STEP[family], "vocab_size": 2000}
     attention = "eager" if family == "deberta-v2" else "sdpa"
+    run_as_on_a_gpu(monkeypatch, attention)
     torch.manual_seed(0)
     config = AutoConfig.for_model(family, attn_implementation=attention, use_cache=False, **fields)
     model = training_model_class(config).from_config(config).to(torch.bfloat16).train()
