@@ -42,3 +42,29 @@ def test_zero3_host_cost_grows_with_modules_at_the_same_tensors():
     assert zero3["per_module_s"] > 0
     for plain_row, zero3_row in zip(plain["rows"], zero3["rows"], strict=True):
         assert zero3_row[2] > plain_row[2]
+
+
+def test_calibration_loop_times_each_phase_and_zero1_steps_only_at_the_boundary():
+    """``--calibration-loop`` on CPU: the calibration runs' loop (their DeepSpeed JSON, a client
+    AdamW) on a tiny Qwen2, phase by phase. Under accumulation DeepSpeed's ``engine.step`` does
+    nothing before the boundary micro step (runtime/engine.py ``step``:
+    ``is_gradient_accumulation_boundary``), the structure step_time.py's ZeRO-1 hooks follow."""
+    env = dict(os.environ, MASTER_PORT=str(_free_port()), MASTER_ADDR="127.0.0.1")
+    script = ROOT / "benchmarks" / "deepspeed_hook_costs.py"
+    done = subprocess.run(
+        [sys.executable, str(script), "--calibration-loop", "--repeats", "2"],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env=env,
+        cwd=ROOT,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    results = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    assert [row["case"]["stage"] for row in results] == [None, 1, 3]
+    for row in results:
+        for phase in ("forward", "backward", "step"):
+            assert row[phase] >= row[f"{phase}_host"] >= 0
+    accumulated = results[1]
+    assert accumulated["case"]["grad_accum"] == 4
+    assert accumulated["step_first"] < accumulated["step_boundary"]
