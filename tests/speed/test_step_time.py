@@ -110,6 +110,22 @@ def test_more_tokens_per_micro_step_raise_efficiency():
     assert small.mfu < 0.5 * large.mfu  # the fixed costs weigh on short micro steps
 
 
+def test_a_hopper_part_runs_at_its_own_balance_of_peak_and_bandwidth():
+    """The Hopper curve was fitted on the H100 SXM; a part whose tensor peak is cut (H20: 148 of
+    989 TFLOPs) or whose HBM is faster (H200) spends less of its step outside the matmuls, so
+    it reaches more of its peak, never more than the matmuls' own measured rate."""
+    from zerofit.speed.step_time import EFFICIENCY, HOPPER_MATMUL_EFFICIENCY
+
+    tokens = 16384
+    h100, h200, h20 = (
+        compute_efficiency(lookup(key), tokens) for key in ("H100-SXM", "H200", "H20")
+    )
+    assert h100 == pytest.approx(EFFICIENCY["hopper"].at(tokens))
+    assert compute_efficiency(lookup("H800"), tokens) == pytest.approx(h100)  # the same balance
+    assert h100 < h200 < h20 < HOPPER_MATMUL_EFFICIENCY
+    assert compute_efficiency(lookup("A100-80GB"), tokens) == EFFICIENCY["ampere"].at(tokens)
+
+
 def test_gradient_accumulation_amortizes_the_optimizer_step():
     once = estimate_step_time(ONE_NODE, MODEL, H100)
     accumulated = estimate_step_time(dataclasses.replace(ONE_NODE, grad_accum=8), MODEL, H100)

@@ -208,9 +208,51 @@ def gpu_generation(gpu: GpuSpec) -> str:
     return "other"
 
 
+# cuBLAS's bf16 matmul on a lent H100 SXM (torch 2.11.0+cu130; 20 products after 3 warm-ups) at
+# 7-8B models' shapes, tokens x in x out: 16384 x 3584 x 18944 and its transpose, 4096 x 4096 x
+# 14336, 8192 x 4096 x 4096, 16384 x 3584 x 152064: 708-749 TFLOP/s of 989, median 722 (0.73;
+# 8192 cubed 789). A measured rate, not fitted.
+HOPPER_MATMUL_EFFICIENCY = 0.73
+HOPPER_REFERENCE_GPU = "H100-SXM"  # the part EFFICIENCY["hopper"] was fitted on
+
+
+def hopper_efficiency(gpu: GpuSpec) -> EfficiencyCurve:
+    """The Hopper curve moved to ``gpu``'s balance of tensor peak and HBM bandwidth.
+
+    ``EFFICIENCY["hopper"]`` (0.45 of the dense peak) was fitted on H100 SXM rows, where a step's
+    matmuls run at ``HOPPER_MATMUL_EFFICIENCY`` and the rest of its time (attention's softmax
+    and elementwise work, norms, activations, the loss: memory-bound) is what brings the whole
+    down to 0.45: per matmul FLOP at peak, 1/0.45 - 1/0.73 = 0.85 units of the rest. The same
+    architecture and kernels run that rest at the part's HBM bandwidth, and its matmuls at the
+    part's peak, so on a part with ``peak`` TFLOPs and ``hbm`` GB/s the rest weighs
+    0.85 x (peak / 989) x (3350 / hbm): an H200 (989 TF, 4.8 TB/s) reaches 0.51, an H20 (148
+    TF, 4.0 TB/s: its tensor throughput cut, its memory not) 0.68, where one peak fraction for
+    every Hopper part put it at 0.45 (ms-swift's H20 rows, swift-qwen2.5-7b-h20x4-z3-flash and
+    -flash3: 4 x 16384 packed tokens per GPU of Qwen2.5-7B with checkpointing in 35.5 and 32.4
+    s, 0.69 and 0.76 of the peak in the FLOPs outside attention alone)."""
+    from zerofit.hardware import lookup
+
+    curve = EFFICIENCY["hopper"]
+    reference = lookup(HOPPER_REFERENCE_GPU)
+    matmul = HOPPER_MATMUL_EFFICIENCY
+    rest_at_reference = 1 / curve.peak_fraction - 1 / matmul
+    rest = rest_at_reference * (gpu.bf16_tflops / reference.bf16_tflops)
+    rest *= reference.hbm_gbps / gpu.hbm_gbps
+    return EfficiencyCurve(peak_fraction=1 / (1 / matmul + rest), half_tokens=curve.half_tokens)
+
+
+def efficiency_curve(gpu: GpuSpec) -> EfficiencyCurve:
+    """``gpu``'s achieved-efficiency curve: its generation's, a Hopper part's moved to its balance
+    of peak and bandwidth (``hopper_efficiency``)."""
+    generation = gpu_generation(gpu)
+    if generation == "hopper":
+        return hopper_efficiency(gpu)
+    return EFFICIENCY[generation]
+
+
 def compute_efficiency(gpu: GpuSpec, tokens_per_micro_step: int) -> float:
     """Achieved fraction of ``gpu``'s dense peak at this many tokens per micro step per GPU."""
-    return EFFICIENCY[gpu_generation(gpu)].at(tokens_per_micro_step)
+    return efficiency_curve(gpu).at(tokens_per_micro_step)
 
 
 def gpu_profile(gpu: GpuSpec) -> DeviceProfile:
@@ -219,7 +261,7 @@ def gpu_profile(gpu: GpuSpec) -> DeviceProfile:
     return DeviceProfile(
         name=gpu.key,
         peak_tflops=gpu.bf16_tflops,
-        efficiency=EFFICIENCY[gpu_generation(gpu)],
+        efficiency=efficiency_curve(gpu),
         memory_gbps=gpu.hbm_gbps,
         link_gbps=gpu.link_gbps,
         offload_gbps=PCIE_OFFLOAD_GBPS,
