@@ -60,12 +60,16 @@ def quantization_config(dtype):
 
 
 def load_quantized_model(args, tokenizer, accelerator, build_tiny_model):
-    """`--model` loaded in 4-bit NF4 (bitsandbytes quantizes while from_pretrained loads), made
-    ready for training by peft's `prepare_model_for_kbit_training` (peft/utils/other.py: freezes
-    the base, casts the 16-bit norms and embeddings to fp32, and with gradient checkpointing
-    enables it and the inputs' gradients). Without `--model`, the tiny model is saved to a
-    temporary directory first: quantization happens on load only."""
-    from peft import prepare_model_for_kbit_training
+    """`--model` loaded in 4-bit NF4 (bitsandbytes quantizes while from_pretrained loads), its
+    embeddings, norms and LM head left in the compute dtype. Without `--model`, the tiny model
+    is saved to a temporary directory first: quantization happens on load only.
+
+    No `prepare_model_for_kbit_training`: it casts every non-quantized parameter to fp32
+    (peft/utils/other.py), which TRL's trainers do not call (trl/trainer/sft_trainer.py,
+    SFTTrainer.__init__: `get_peft_model`, `enable_input_require_grads`, adapters to bf16) and
+    zerofit's memory model does not count (memory/lora.py, frozen_base_bytes: the rest of the
+    base in 16-bit). add_adapters does the rest of its work: the base frozen by get_peft_model,
+    gradient checkpointing and the inputs' gradients."""
     from transformers import AutoModelForCausalLM
 
     dtype = compute_dtype(accelerator)
@@ -85,11 +89,7 @@ def load_quantized_model(args, tokenizer, accelerator, build_tiny_model):
                 "use --finetuning lora, or a machine where bitsandbytes runs",
             )
     keep_training_layout_on_cpu(model)
-    return prepare_model_for_kbit_training(
-        model,
-        use_gradient_checkpointing=args.gradient_checkpointing,
-        gradient_checkpointing_kwargs=checkpointing_kwargs(accelerator),
-    )
+    return model
 
 
 def keep_training_layout_on_cpu(model) -> None:
@@ -169,7 +169,7 @@ def add_adapters(args, model, accelerator):
     checkpointing (trl/trainer/sft_trainer.py, SFTTrainer.__init__)."""
     from peft import LoraConfig, get_peft_model
 
-    if args.gradient_checkpointing and args.finetuning == "lora":
+    if args.gradient_checkpointing:
         model.gradient_checkpointing_enable(
             gradient_checkpointing_kwargs=checkpointing_kwargs(accelerator)
         )
@@ -183,7 +183,26 @@ def add_adapters(args, model, accelerator):
     model = get_peft_model(model, config)
     if args.gradient_checkpointing:
         model.enable_input_require_grads()
+    if args.finetuning == "qlora":
+        cast_adapters_to_16_bit(model, accelerator)
     return model
+
+
+def cast_adapters_to_16_bit(model, accelerator) -> None:
+    """A 4-bit model's adapters in bf16 when the run computes in 16-bit, as the QLoRA paper
+    trains them and TRL casts them after get_peft_model (trl/trainer/sft_trainer.py,
+    dpo_trainer.py, grpo_trainer.py: `param.data.to(torch.bfloat16)` for every trainable
+    parameter of a quantized model); peft's get_peft_model had upcast them to fp32
+    (`autocast_adapter_dtype=True`). bf16 under fp16 too, as TRL: accelerate's fp16 GradScaler
+    refuses fp16 gradients. An fp32 run keeps them fp32, what memory/lora.py
+    (adapter_element_bytes: the compute dtype) counts for it."""
+    import torch
+
+    if compute_dtype(accelerator) == torch.float32:
+        return
+    for param in model.parameters():
+        if param.requires_grad:
+            param.data = param.data.to(torch.bfloat16)
 
 
 def trainable_parameters(model) -> list:

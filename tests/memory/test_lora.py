@@ -499,7 +499,7 @@ def test_a_whole_qlora_step_matches_torch(step_model_dir, micro, seq):
     """transformers' own 4-bit loading (Linear4bit in every decoder linear layer, the embedding,
     norms and LM head unquantized) holds exactly lora.frozen_base_bytes; a plain loop's second
     step of peft adapters on it (all-linear, r 16, no dropout, gradient checkpointing with input
-    grads, as peft's prepare_model_for_kbit_training sets it) is within 3 % of the estimate."""
+    grads, as TRL's trainers and recipes/lora.py set it) is within 3 % of the estimate."""
     torch = pytest.importorskip("torch")
     from zerofit.models.resolve import spec_from_config
 

@@ -255,3 +255,57 @@ def test_adapter_only_checkpoints_of_a_ddp_model_keep_the_adapters(monkeypatch):
         assert (save_kwargs, load_kwargs) == ({}, {"strict": False})
     finally:
         dist.destroy_process_group()
+
+
+class FakeAccelerator:
+    """What load_policy reads of accelerate's Accelerator: the mixed precision (the DeepSpeed
+    JSON's bf16 block sets it) and whether a DeepSpeed plugin runs; stage 0 here, no DeepSpeed."""
+
+    def __init__(self, mixed_precision: str):
+        self.mixed_precision = mixed_precision
+        self.state = type("State", (), {"deepspeed_plugin": None})()
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp32"])
+def test_qlora_model_holds_the_dtypes_the_estimate_counts(tmp_path, precision):
+    """The recipe's QLoRA model without DeepSpeed, as built for training: the embedding, norms
+    and LM head stay in the dtype `zerofit estimate` counts for them (TrainSetup.weight_dtype,
+    memory/lora.py frozen_base_bytes), the adapters in adapter_element_bytes, and one training
+    step reaches the adapters through gradient checkpointing. peft's
+    prepare_model_for_kbit_training had cast every non-quantized parameter to fp32 (twice the
+    bytes of the bf16 base's rest the estimate counts), as TRL's trainers do not."""
+    import torch
+    from bitsandbytes.nn import Params4bit
+
+    from zerofit.memory import lora as lora_memory
+    from zerofit.memory.estimate import DTYPE_BYTES, TrainSetup
+
+    sft = load_recipe("sft")
+    import common
+
+    args = sft.parse_args(
+        ["--output-dir", str(tmp_path), "--finetuning", "qlora", "--gradient-checkpointing"]
+    )
+    tokenizer = common.build_tiny_tokenizer()
+    model = common.load_policy(args, tokenizer, FakeAccelerator(precision))
+    setup = TrainSetup(stage=0, precision=precision, finetuning="qlora")
+    base_dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[setup.weight_dtype]
+    adapter_bytes = lora_memory.adapter_element_bytes(setup, DTYPE_BYTES[precision])
+
+    frozen = {n: p.dtype for n, p in model.named_parameters() if not p.requires_grad}
+    quantized = {n for n, p in model.named_parameters() if isinstance(p, Params4bit)}
+    unquantized = {n: dtype for n, dtype in frozen.items() if n not in quantized}
+    assert any("embed_tokens" in n for n in unquantized) and any("norm" in n for n in unquantized)
+    assert set(unquantized.values()) == {base_dtype}, unquantized
+    adapters = {n: p for n, p in model.named_parameters() if p.requires_grad}
+    assert adapters and all(".lora_" in n for n in adapters)
+    assert {p.element_size() for p in adapters.values()} == {adapter_bytes}
+
+    model.train()
+    ids = torch.randint(3, len(tokenizer), (2, 12))
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
+        loss = model(input_ids=ids, labels=ids).loss
+    loss.backward()
+    # B starts at zero, so A's first gradient is zero; B's is not
+    up = [param for name, param in adapters.items() if "lora_B" in name]
+    assert up and all(param.grad is not None and param.grad.abs().sum() > 0 for param in up)
