@@ -69,7 +69,16 @@ EFFICIENCY = {
 # fitted with Ampere's curve on the same 36 Qwen LoRA rows (qwen1-1.8b-lora-seq256 and -seq512
 # both take 1.0 s for 8 micro steps, where the compute is ~0.15 s). A plain training step of
 # Qwen2.5-0.5B's shape on a lent H200 (benchmarks/ds_generate_overhead.py, 16 x 320 tokens,
-# torch AdamW) took 0.08 s, ~0.04 of it compute.
+# torch AdamW) took 0.08 s, ~0.04 of it compute. Both hold for small models, checked on lent
+# H100s at one rank (benchmarks/deepspeed_hook_costs.py ``--calibration-loop``): a plain torch
+# micro step of a 24-layer model is host-bound, 0.056-0.127 s (BERT-large, Qwen2.5-0.5B; 0.01-0.02
+# s of GPU work), 2.3-5.3 ms of kernel launches per layer; DeepSpeed's optimizer step takes
+# 0.045-0.11 s for 335M-494M parameters (ZeRO-3 least, the bf16 ZeRO-0 optimizer most) where
+# torch's clip and AdamW take 0.012-0.016 s: host bookkeeping that does not shrink with the model.
+# BERT-large at micro 4 x 512 under ZeRO-2 measured 0.18-0.21 s per step, ~0.02 s of it GPU work.
+# What the flat value leaves out is the launches' growth with depth (a 2-layer model pays far
+# less, an 80-layer one more where its GPU work does not hide them); per layer, additive, it
+# puts the Qwen README's 7B and 14B LoRA rows at seq256 29-42 % high (now 11-15 %): it stays flat.
 MICRO_STEP_OVERHEAD_S = 0.08
 OPTIMIZER_STEP_OVERHEAD_S = 0.1
 
