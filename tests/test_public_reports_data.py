@@ -43,7 +43,7 @@ NEW_FIELDS = {
 # GPUs a report may name before the catalog has them (all are in it now); a report on one the
 # catalog lacks names it in `missing`.
 GPUS_BEING_ADDED = ("A800", "H800", "H20", "A40", "L20", "MI250X", "MI300X")
-MEASURED_KINDS = ("alloc_lower_bound", "device_used", "reserved")
+MEASURED_KINDS = ("alloc_lower_bound", "device_used", "reserved", "reserved_whole_run")
 ANSWER_FIELDS = {f.name for f in dataclasses.fields(Answers)}
 
 
