@@ -171,15 +171,30 @@ def final_bytes_per_token(model, a: int, residual: int | None = None) -> int:
     return (FP32 + normalised + a) * model.hidden_size
 
 
+# Heads whose loss is ``torch.nn.CrossEntropyLoss`` on the logits as they come, in the compute
+# dtype, with no ``.float()`` upcast (each class's forward: ``loss_fct = CrossEntropyLoss()``):
+# DebertaV2ForMaskedLM (transformers/models/deberta_v2/modeling_deberta_v2.py) and
+# T5ForConditionalGeneration (models/t5/modeling_t5.py), the models zerofit builds for these
+# model types (models/resolve.py). Causal LMs go through ``self.loss_function``
+# (transformers/loss/loss_utils.py: ForCausalLMLoss), which upcasts: GPT-2's, and BERT's and
+# RoBERTa's too, which zerofit builds as BertLMHeadModel / RobertaForCausalLM (a user's
+# BertForMaskedLM holds less than counted: the safe side).
+LOSS_IN_COMPUTE_DTYPE = frozenset({"deberta-v2", "t5"})
+
+
 def logits_peak_bytes_per_token(model, a: int) -> int:
     """Most bytes the loss path holds per scored token.
 
     ForCausalLMLoss upcasts logits with ``.float()`` and cross_entropy keeps the fp32
     log_softmax output. Forward holds logits (a*V) + fp32 copy + log_softmax (4V each); the
     start of backward holds the saved log_softmax, its incoming gradient and the gradient it
-    produces (3 x 4V), which is the larger for every dtype.
+    produces (3 x 4V), which is the larger for every dtype. The heads of LOSS_IN_COMPUTE_DTYPE
+    hold the same three in the compute dtype (3 x a V; forward's logits and log_softmax are
+    2 x a V).
     """
     v = model.vocab_size
+    if getattr(model, "architecture", "") in LOSS_IN_COMPUTE_DTYPE:
+        return 3 * a * v
     forward = a * v + (FP32 * v if a != FP32 else 0) + FP32 * v
     backward = 3 * FP32 * v
     return max(forward, backward)
