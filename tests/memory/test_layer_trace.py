@@ -11,6 +11,7 @@ import json
 
 import pytest
 from conftest import REPO
+from memory_probe import saved_tensor_bytes
 from memory_shapes import TINY_DECODER
 
 from zerofit.memory import activations as act
@@ -50,7 +51,6 @@ def _real_layer(family: str, attention: str, **shape) -> tuple[int, int]:
     """Per-token and per-seq**2 bytes of one decoder layer on real CPU tensors (real bf16
     weights, transformers' own mask handling): what layer_trace must reproduce."""
     import torch
-    from torch.autograd.graph import saved_tensors_hooks
     from transformers import AutoConfig, AutoModelForCausalLM
 
     def saved(layers: int, seq: int) -> int:
@@ -60,18 +60,8 @@ def _real_layer(family: str, attention: str, **shape) -> tuple[int, int]:
         )
         cfg.num_hidden_layers = layers
         model = AutoModelForCausalLM.from_config(cfg).to(torch.bfloat16).train()
-        weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
-        kept: dict[int, int] = {}
-
-        def pack(tensor):
-            storage = tensor.untyped_storage()
-            if storage.data_ptr() not in weights:
-                kept[storage.data_ptr()] = storage.nbytes()
-            return tensor
-
-        with saved_tensors_hooks(pack, lambda tensor: tensor):
-            model(input_ids=torch.randint(3, 2000, (1, seq)))
-        return sum(kept.values())
+        input_ids = torch.randint(3, 2000, (1, seq))
+        return saved_tensor_bytes(model, lambda: model(input_ids=input_ids))
 
     lengths = layer_trace.TRACE_LENGTHS
     return layer_trace._solve(lengths, [saved(2, s) - saved(1, s) for s in lengths])

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from memory_probe import saved_tensor_bytes
 from model_families import build_family_model, family_config_json, family_inputs
 
 from zerofit.memory import activations as act
@@ -46,7 +47,6 @@ def _real_layer(name: str, attention: str, monkeypatch, batch: int = 1) -> tuple
     weights) for a micro batch of ``batch`` sequences, from the difference between the model at
     its depth and at one layer, dropout run as on a GPU (``run_as_on_a_gpu``)."""
     import torch
-    from torch.autograd.graph import saved_tensors_hooks
 
     run_as_on_a_gpu(monkeypatch, attention)
     fields = family_config_json(name)
@@ -57,21 +57,10 @@ def _real_layer(name: str, attention: str, monkeypatch, batch: int = 1) -> tuple
     def saved(layers: int, seq: int) -> int:
         torch.manual_seed(0)
         model = build_family_model(name, attention, num_layers=layers).to(torch.bfloat16).train()
-        weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
-        kept: dict[int, int] = {}
-
-        def pack(tensor):
-            storage = tensor.untyped_storage()
-            if storage.data_ptr() not in weights:
-                kept[storage.data_ptr()] = storage.nbytes()
-            return tensor
-
         inputs = family_inputs(name, batch, seq, seq)
         if "attention_mask" not in inputs and fields["model_type"] == "deberta-v2":
             inputs["attention_mask"] = torch.ones_like(inputs["input_ids"])
-        with saved_tensors_hooks(pack, lambda tensor: tensor):
-            model(**inputs)
-        return sum(kept.values())
+        return saved_tensor_bytes(model, lambda: model(**inputs))
 
     lengths = layer_trace.TRACE_LENGTHS
     one_layer = [(saved(depth, s) - saved(1, s)) / (depth - 1) for s in lengths]
