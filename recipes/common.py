@@ -234,15 +234,21 @@ def load_tokenizer(args: RunArgs):
     return tok
 
 
-def load_model(args: RunArgs, tokenizer):
-    """`--model` as a causal LM (the tiny random-init one without --model)."""
-    if not args.model:
-        return build_tiny_model(tokenizer, args.seed)
+def load_model(args: RunArgs, tokenizer, dtype=None):
+    """`--model` as a causal LM (the tiny random-init one without --model), in `dtype`.
+
+    fp32 by default: a full fine-tune's master weights (DeepSpeed or autocast compute in the
+    config's bf16/fp16). A LoRA run passes its compute dtype for the frozen base
+    (lora.frozen_base_dtype), what zerofit's memory model counts for it."""
     import torch
+
+    dtype = dtype or torch.float32
+    if not args.model:
+        return build_tiny_model(tokenizer, args.seed).to(dtype)
     from transformers import AutoModelForCausalLM
 
-    try:  # fp32 master weights; DeepSpeed/autocast compute in the config's bf16/fp16
-        return AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
+    try:
+        return AutoModelForCausalLM.from_pretrained(args.model, dtype=dtype)
     except Exception as e:
         fail(
             "model",
@@ -265,7 +271,7 @@ def load_policy(args: RunArgs, tokenizer, accelerator):
     if args.finetuning == "qlora":
         model = lora.load_quantized_model(args, tokenizer, accelerator, build_tiny_model)
     else:
-        model = load_model(args, tokenizer)
+        model = load_model(args, tokenizer, dtype=lora.frozen_base_dtype(accelerator))
     return lora.add_adapters(args, model, accelerator)
 
 

@@ -41,6 +41,18 @@ def compute_dtype(accelerator):
     )
 
 
+def frozen_base_dtype(accelerator):
+    """The dtype a plain LoRA run loads its frozen base in: the run's compute dtype, as
+    LLaMA-Factory, axolotl and ms-swift load an adapter's base and zerofit's memory model counts
+    it (memory/estimate.py, TrainSetup.weight_dtype); an fp32 copy of weights that never update
+    only costs 2 more bytes per parameter. Under DeepSpeed the engine casts the module to this
+    dtype anyway (deepspeed/runtime/engine.py, _configure_distributed_model). The adapters
+    get_peft_model adds are fp32 all the same (`autocast_adapter_dtype=True`, peft
+    tuners_utils.py cast_adapter_dtype), what memory/lora.py (adapter_element_bytes) counts
+    without DeepSpeed; DeepSpeed casts them to the compute dtype with the rest."""
+    return compute_dtype(accelerator)
+
+
 def quantization_config(dtype):
     """4-bit NF4 with double quantization, computing in `dtype`.
 

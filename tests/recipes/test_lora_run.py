@@ -309,3 +309,59 @@ def test_qlora_model_holds_the_dtypes_the_estimate_counts(tmp_path, precision):
     # B starts at zero, so A's first gradient is zero; B's is not
     up = [param for name, param in adapters.items() if "lora_B" in name]
     assert up and all(param.grad is not None and param.grad.abs().sum() > 0 for param in up)
+
+
+@pytest.mark.parametrize(
+    ("finetuning", "precision"),
+    [("lora", "bf16"), ("lora", "fp16"), ("lora", "fp32"), ("full", "bf16")],
+    ids=["lora-bf16", "lora-fp16", "lora-fp32", "full-bf16"],
+)
+def test_model_without_deepspeed_holds_the_weight_dtype_the_estimate_counts(
+    tmp_path, finetuning, precision
+):
+    """The recipe's plain-LoRA or full model without DeepSpeed, loaded from a saved fp32 model:
+    a LoRA run's frozen base in TrainSetup.weight_dtype (the run's 16-bit compute dtype, as
+    LLaMA-Factory, axolotl and ms-swift load it; an fp32 copy had cost 2 bytes more per base
+    parameter than `zerofit estimate --finetuning lora` counts), its adapters in
+    adapter_element_bytes (peft's fp32 upcast), and a full fine-tune's weights in fp32 (its
+    master weights). The tiny model without --model gets the same dtype."""
+    import torch
+
+    from zerofit.memory import lora as lora_memory
+    from zerofit.memory.estimate import DTYPE_BYTES, TrainSetup
+
+    sft = load_recipe("sft")
+    import common
+
+    model_dir = save_tiny_model(tmp_path / "model")
+    flags = ["--output-dir", str(tmp_path / "out"), "--finetuning", finetuning]
+    args = sft.parse_args([*flags, "--model", str(model_dir)])
+    tokenizer = common.build_tiny_tokenizer()
+    model = common.load_policy(args, tokenizer, FakeAccelerator(precision))
+    setup = TrainSetup(stage=0, precision=precision, finetuning=finetuning)
+    dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+    base_dtype = dtypes[setup.weight_dtype]
+
+    base = {n: p.dtype for n, p in model.named_parameters() if ".lora_" not in n}
+    assert base and set(base.values()) == {base_dtype}, base
+    if finetuning == "full":
+        assert all(p.requires_grad for p in model.parameters())
+        return
+    assert not any(p.requires_grad for n, p in model.named_parameters() if n in base)
+    adapters = [p for p in model.parameters() if p.requires_grad]
+    adapter_bytes = lora_memory.adapter_element_bytes(setup, DTYPE_BYTES[precision])
+    assert adapters and {p.element_size() for p in adapters} == {adapter_bytes}
+
+    # one training step under the autocast accelerate runs without DeepSpeed reaches the adapters
+    model.train()
+    ids = torch.randint(3, len(tokenizer), (2, 12))
+    with torch.autocast("cpu", dtype=dtypes[precision], enabled=precision != "fp32"):
+        loss = model(input_ids=ids, labels=ids).loss
+    loss.backward()
+    # B starts at zero, so A's first gradient is zero; B's is not
+    up = [param for name, param in model.named_parameters() if "lora_B" in name]
+    assert up and all(param.grad is not None and param.grad.abs().sum() > 0 for param in up)
+
+    tiny_args = sft.parse_args(flags)
+    tiny = common.load_policy(tiny_args, tokenizer, FakeAccelerator(precision))
+    assert {p.dtype for n, p in tiny.named_parameters() if ".lora_" not in n} == {base_dtype}
