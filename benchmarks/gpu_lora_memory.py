@@ -9,7 +9,11 @@ adds all-linear r 16 adapters (dropout 0.05); a plain loop runs forward + loss, 
 sequence lengths. The peak of steps 2-3 (``torch.cuda.max_memory_allocated`` / ``_reserved``)
 is printed as one JSON line per case with zerofit's estimate (``peak_bytes``, and it plus the
 allocator term for reserved). One QLoRA case pair also runs peft's
-``prepare_model_for_kbit_training`` first (what TRL's SFTTrainer calls for a 4-bit model).
+``prepare_model_for_kbit_training`` first (peft's QLoRA recipe: every non-quantized parameter
+upcast to fp32). TRL 1.16's SFTTrainer does not call it for a 4-bit model
+(``trl/trainer/sft_trainer.py``, ``SFTTrainer.__init__``: ``get_peft_model``,
+``enable_input_require_grads`` under gradient checkpointing, the adapters cast to bf16); the
+cases here keep peft's fp32 adapters.
 
 Run on a GPU:  python benchmarks/gpu_lora_memory.py --out results.jsonl
 CPU dry run:   python benchmarks/gpu_lora_memory.py --device cpu --tiny   (fp32, bitsandbytes'
