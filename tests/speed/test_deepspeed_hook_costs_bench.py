@@ -8,33 +8,31 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from conftest import REPO, find_free_port
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+def run_hook_costs(*arguments: str, timeout: float) -> str:
+    """benchmarks/deepspeed_hook_costs.py's stdout (one gloo rank on a free local port)."""
+    env = dict(os.environ, MASTER_PORT=str(find_free_port()), MASTER_ADDR="127.0.0.1")
+    script = REPO / "benchmarks" / "deepspeed_hook_costs.py"
+    done = subprocess.run(
+        [sys.executable, str(script), *arguments],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        cwd=REPO,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout
 
 
 def test_zero3_host_cost_grows_with_modules_at_the_same_tensors():
-    env = dict(os.environ, MASTER_PORT=str(_free_port()), MASTER_ADDR="127.0.0.1")
-    script = ROOT / "benchmarks" / "deepspeed_hook_costs.py"
-    done = subprocess.run(
-        [sys.executable, str(script), "--quick", "--repeats", "5"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-        cwd=ROOT,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    results = json.loads(done.stdout.strip().splitlines()[-1])
+    stdout = run_hook_costs("--quick", "--repeats", "5", timeout=120)
+    results = json.loads(stdout.strip().splitlines()[-1])
     plain, zero3 = results["0"], results["3"]
     few, many = zero3["rows"][0], zero3["rows"][1]
     assert few[0] == many[0] and many[1] >= 3 * few[1]  # same tensors, 3x the modules
@@ -49,18 +47,8 @@ def test_calibration_loop_times_each_phase_and_zero1_steps_only_at_the_boundary(
     AdamW) on a tiny Qwen2, phase by phase. Under accumulation DeepSpeed's ``engine.step`` does
     nothing before the boundary micro step (runtime/engine.py ``step``:
     ``is_gradient_accumulation_boundary``), the structure step_time.py's ZeRO-1 hooks follow."""
-    env = dict(os.environ, MASTER_PORT=str(_free_port()), MASTER_ADDR="127.0.0.1")
-    script = ROOT / "benchmarks" / "deepspeed_hook_costs.py"
-    done = subprocess.run(
-        [sys.executable, str(script), "--calibration-loop", "--repeats", "2"],
-        capture_output=True,
-        text=True,
-        timeout=180,
-        env=env,
-        cwd=ROOT,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    results = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    stdout = run_hook_costs("--calibration-loop", "--repeats", "2", timeout=180)
+    results = [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
     assert [row["case"]["stage"] for row in results] == [None, 1, 3]
     for row in results:
         for phase in ("forward", "backward", "step"):
