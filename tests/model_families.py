@@ -10,6 +10,21 @@ VOCAB = 1000
 # the ids fed to the models lie above every special token of these configs
 FIRST_ID = 3
 
+# the sizes every tiny encoder (BERT, RoBERTa, DeBERTa-v2) shares
+ENCODER_SIZES = dict(
+    hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128
+)
+# DeBERTa-v3's layout: relative attention in 2 x position_buckets buckets, shared keys, no
+# absolute position or token-type embeddings
+DEBERTA_V3_LAYOUT = dict(
+    relative_attention=True,
+    pos_att_type="p2c|c2p",
+    norm_rel_ebd="layer_norm",
+    share_att_key=True,
+    position_biased_input=False,
+    type_vocab_size=0,
+)
+
 FAMILY_CONFIGS: dict[str, tuple[str, dict]] = {
     # bos / eos default to GPT-2's 50256, outside this vocabulary
     "gpt2": ("GPT2Config", dict(n_embd=64, n_layer=2, n_head=4, bos_token_id=0, eos_token_id=0)),
@@ -17,46 +32,21 @@ FAMILY_CONFIGS: dict[str, tuple[str, dict]] = {
         "GPT2Config",
         dict(n_embd=64, n_layer=3, n_head=4, n_inner=80, bos_token_id=0, eos_token_id=0),
     ),
-    "bert": (
-        "BertConfig",
-        dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128),
-    ),
+    "bert": ("BertConfig", dict(ENCODER_SIZES)),
     "roberta": (
         "RobertaConfig",
-        dict(
-            hidden_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            intermediate_size=128,
-            max_position_embeddings=258,
-        ),
+        dict(ENCODER_SIZES, max_position_embeddings=258),
     ),
-    # DeBERTa-v3's layout: relative attention in 2 x position_buckets buckets, shared keys
     "deberta-v3": (
         "DebertaV2Config",
-        dict(
-            hidden_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            intermediate_size=128,
-            relative_attention=True,
-            position_buckets=32,
-            pos_att_type="p2c|c2p",
-            norm_rel_ebd="layer_norm",
-            share_att_key=True,
-            position_biased_input=False,
-            type_vocab_size=0,
-        ),
+        dict(ENCODER_SIZES, position_buckets=32, **DEBERTA_V3_LAYOUT),
     ),
     # DeBERTa-v2-xlarge's: the first layer's convolution, separate position projections, no
     # buckets (the relative distance is max_position_embeddings), the non-legacy MLM head
     "deberta-v2-conv": (
         "DebertaV2Config",
         dict(
-            hidden_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            intermediate_size=128,
+            ENCODER_SIZES,
             max_position_embeddings=256,  # the longest traced length
             relative_attention=True,
             pos_att_type=["c2p", "p2c"],

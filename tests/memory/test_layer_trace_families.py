@@ -11,7 +11,12 @@ import json
 
 import pytest
 from memory_probe import saved_tensor_bytes
-from model_families import build_family_model, family_config_json, family_inputs
+from model_families import (
+    DEBERTA_V3_LAYOUT,
+    build_family_model,
+    family_config_json,
+    family_inputs,
+)
 
 from zerofit.memory import activations as act
 from zerofit.memory import layer_trace
@@ -126,13 +131,8 @@ WHOLE_STEP = {
         num_hidden_layers=4,
         num_attention_heads=4,
         intermediate_size=1024,
-        relative_attention=True,
         position_buckets=64,
-        pos_att_type="p2c|c2p",
-        norm_rel_ebd="layer_norm",
-        share_att_key=True,
-        position_biased_input=False,
-        type_vocab_size=0,
+        **DEBERTA_V3_LAYOUT,
     ),
     "t5": dict(
         d_model=256,
