@@ -212,10 +212,10 @@ def _t5_terms(model: ModelSpec, config: dict, seq_len: int, decoder_len: int) ->
     attention_weights = 4 * hidden * width
     encoder = 2.0 * (attention_weights + feed_forward) * seq_len * encoder_layers
     # the cross-attention's q and o run on the decoder's tokens, its k and v on the encoder's
-    cross_query_output = cross_key_value = 2 * hidden * width
-    decoder_per_token = attention_weights + cross_query_output + feed_forward
+    cross_weights_per_pair = 2 * hidden * width  # (q, o) or (k, v)
+    decoder_per_token = attention_weights + cross_weights_per_pair + feed_forward
     decoder = 2.0 * decoder_per_token * decoder_len * decoder_layers
-    cross_key_value = 2.0 * cross_key_value * seq_len * decoder_layers
+    cross_key_value = 2.0 * cross_weights_per_pair * seq_len * decoder_layers
     products = 2 * 2.0 * width * (
         seq_len * seq_len * encoder_layers
         + (decoder_len * decoder_len + decoder_len * seq_len) * decoder_layers
