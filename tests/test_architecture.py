@@ -24,7 +24,16 @@ ALLOWED = {
     "wizard": {"planning", "models", "configs"},
     "cli": {"models", "memory", "planning", "configs", "launch", "doctor", "wizard"},
 }
-SHARED = {"errors", "files", "cache", "hardware", "addresses", "cluster_facts", "__init__"}
+SHARED = {
+    "errors",
+    "files",
+    "cache",
+    "hardware",
+    "addresses",
+    "cluster_facts",
+    "model_classes",
+    "__init__",
+}
 
 
 def zerofit_imports(path: Path) -> set[str]:

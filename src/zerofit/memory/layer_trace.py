@@ -7,7 +7,7 @@ estimated with a Llama-shaped layer: the model's real forward runs on fake tenso
 (``torch._subclasses.fake_tensor.FakeTensorMode``: shapes and dtypes, no memory, no weights), and
 ``torch.autograd.graph.saved_tensors_hooks`` sees every tensor autograd keeps for backward.
 
-The model is the one users train (``_training_auto_class``): the causal LM, else the
+The model is the one users train (``model_classes.training_auto_class``): the causal LM, else the
 sequence-to-sequence LM (T5), else the masked LM (DeBERTa-v2; BERT and RoBERTa have a causal-LM
 class with the same modules). For an encoder-decoder a "layer" is one encoder block and one decoder
 block, both over ``s`` tokens (what ``activations.py`` multiplies by ``num_layers``, the encoder's
@@ -32,6 +32,7 @@ from dataclasses import asdict, dataclass, fields
 from importlib.metadata import PackageNotFoundError, version
 
 from zerofit.cache import cache_file, read_cache, store_in_cache
+from zerofit.model_classes import training_auto_class
 
 # the attention implementation traced for a kernel attention (sdpa / flash): transformers' own
 # sdpa function, registered under a name transformers' mask builders do not know, so that no mask
@@ -167,17 +168,12 @@ def _register_kernel_attention() -> str:
 
 
 def _training_auto_class(config):
-    """The transformers auto class whose model users train for ``config`` (a config object): the
-    causal LM, else the sequence-to-sequence LM (T5: ``T5ForConditionalGeneration``), else the
-    masked LM (DeBERTa-v2: ``DebertaV2ForMaskedLM``); the same order as
-    ``models/resolve.py:training_model_class``, which this folder may not import. A KeyError
-    when transformers has none of the three (the caller then keeps the Llama-shaped layer)."""
-    from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, AutoModelForSeq2SeqLM
-
-    for auto_class in (AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoModelForMaskedLM):
-        if type(config) in auto_class._model_mapping:
-            return auto_class
-    raise KeyError(type(config).__name__)
+    """``model_classes.training_auto_class``; a KeyError when transformers has none of the three
+    (the caller then keeps the Llama-shaped layer)."""
+    auto_class = training_auto_class(config)
+    if auto_class is None:
+        raise KeyError(type(config).__name__)
+    return auto_class
 
 
 def _model_config(config: dict):

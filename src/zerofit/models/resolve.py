@@ -17,6 +17,7 @@ from pathlib import Path
 
 from zerofit.cache import cache_file, read_cache, store_in_cache
 from zerofit.errors import ZerofitError
+from zerofit.model_classes import training_auto_class
 from zerofit.models.builtin import BUILTIN_CONFIGS as _BUILTIN
 
 
@@ -213,23 +214,11 @@ def count_params_meta(config: dict, where: str = "config.json") -> dict:
 
 
 def training_model_class(config):
-    """The transformers class a model of ``config`` (a config object) trains as: its causal LM,
-    else its sequence-to-sequence LM (T5: ``T5ForConditionalGeneration``, its lm_head; transformers
-    5 ties it to the embedding even for T5 v1.1, ``T5Config.__post_init__``), else its masked LM
-    (DeBERTa-v2: ``DebertaV2ForMaskedLM``),
-    else the bare model (some multimodal models). BERT and RoBERTa have a causal-LM class
-    (``BertLMHeadModel``, ``RobertaForCausalLM``) with the same modules as their masked LM."""
-    from transformers import (
-        AutoModel,
-        AutoModelForCausalLM,
-        AutoModelForMaskedLM,
-        AutoModelForSeq2SeqLM,
-    )
+    """The transformers class a model of ``config`` (a config object) trains as
+    (``model_classes.training_auto_class``), else the bare model (some multimodal models)."""
+    from transformers import AutoModel
 
-    for auto_class in (AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoModelForMaskedLM):
-        if type(config) in auto_class._model_mapping:
-            return auto_class
-    return AutoModel
+    return training_auto_class(config) or AutoModel
 
 
 def _positive(config: dict, key: str, where: str) -> int:
