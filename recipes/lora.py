@@ -212,9 +212,8 @@ def cast_adapters_to_16_bit(model, accelerator) -> None:
 
     if compute_dtype(accelerator) == torch.float32:
         return
-    for param in model.parameters():
-        if param.requires_grad:
-            param.data = param.data.to(torch.bfloat16)
+    for param in trainable_parameters(model):
+        param.data = param.data.to(torch.bfloat16)
 
 
 def trainable_parameters(model) -> list:
