@@ -45,6 +45,7 @@ import argparse
 import dataclasses
 import json
 import math
+import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -243,13 +244,9 @@ def scored_errors(measured: list[dict]) -> dict | None:
     bounds = [m for m in measured if m["kind"] in BOUND_KINDS]
     if not exact and not bounds:
         return None
-    middle = len(exact) // 2
-    median = None
-    if exact:
-        median = exact[middle] if len(exact) % 2 else (exact[middle - 1] + exact[middle]) / 2
     return {
         "exact": len(exact),
-        "median_abs_error": median,
+        "median_abs_error": statistics.median(exact) if exact else None,
         "max_abs_error": exact[-1] if exact else None,
         "bounds": len(bounds),
         "bounds_kept": sum(1 for m in bounds if m["consistent"]),
