@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import shlex
 import subprocess
 import sys
@@ -265,6 +266,53 @@ def test_check_follows_yaml_reference(tmp_path, capsys, monkeypatch):
         "ds.json:train_batch_size: 5 != 1 micro x 1 accumulation x 4 processes"
         in capsys.readouterr().out
     )
+
+
+def test_check_takes_config_s_directory_with_its_answers_file(tmp_path, capsys):
+    # `config --out DIR` writes answers.yaml beside the two configs; check DIR must read it as
+    # zerofit's answers (what `config --answers` reads), not report its keys as accelerate's.
+    out = tmp_path / "out"
+    assert main(["config", *ARGS, "--out", str(out)]) == 0
+    capsys.readouterr()
+    assert main(["check", str(out)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    answers = out / "answers.yaml"
+    assert lines[0] == (
+        f"note: {answers} is zerofit's answers file: checked as `zerofit config --answers` "
+        "reads it, not as an accelerate config"
+    )
+    assert lines[1].startswith("ok: 3 files, no problems (checked with DeepSpeed ")
+    assert len(lines) == 2
+    assert main(["check", str(out), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["problems"] == [] and report["answers_files"] == [str(answers)]
+    assert sorted(report["files"]) == sorted(str(out / name) for name in os.listdir(out))
+
+
+def test_check_reads_an_answers_file_given_alone_as_answers(tmp_path, capsys):
+    out = tmp_path / "out"
+    assert main(["config", *ARGS, "--out", str(out)]) == 0
+    answers = out / "answers.yaml"
+    mine = tmp_path / "mine.yaml"  # recognised by its keys, whatever its name
+    mine.write_text(answers.read_text())
+    capsys.readouterr()
+    for given in (answers, mine):
+        assert main(["check", str(given)]) == 0
+        text = capsys.readouterr().out
+        assert f"note: {given} is zerofit's answers file" in text
+        assert "ok: 1 file, no problems" in text
+    # broken: one line in the Answers loader's words, as `config --answers` would say it
+    mine.write_text(answers.read_text().replace("gpus_per_node: 4", "gpus_per_node: 0"))
+    assert main(["check", str(mine)]) == 1
+    text = capsys.readouterr().out
+    assert f"{mine}:gpus_per_node: 0 must be a positive integer (fix: " in text
+    assert "accelerate knows" not in text and "distributed_type" not in text
+
+
+def test_check_refuses_a_directory_with_nothing_to_check(tmp_path, capsys):
+    (tmp_path / "notes.txt").write_text("not a config")
+    assert main(["check", str(tmp_path)]) == 2
+    assert "is a directory with no .json, .yaml or .yml file" in capsys.readouterr().err
 
 
 def test_presets_lists_and_write_refuses_overwrite(tmp_path, capsys):

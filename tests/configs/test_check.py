@@ -657,3 +657,28 @@ def test_deeply_nested_files_are_one_line(name, tmp_path, capsys):
     out = capsys.readouterr().out
     assert out.strip().splitlines()[0].startswith(f"{deep}: is not valid ")
     assert "Traceback" not in out and "RecursionError" not in out
+
+
+def test_answers_file_is_recognised_by_its_keys_and_read_as_answers():
+    from zerofit.configs.check import answers_files
+
+    answers = "model: qwen2.5-0.5b\ngpu: A100-80GB\nflavor: explicit\nmain_process_port: 29500\n"
+    # a misspelt answer (the flag's spelling) is still an answers file
+    typo = "model: qwen2.5-0.5b\ngpu: H100-SXM\ngpus-per-node: 4\n"
+    texts = {
+        "answers.yaml": answers,
+        "mine.yml": typo,
+        "acc.yaml": yaml.safe_dump(GOOD_YAML),
+        "ds.json": json.dumps(GOOD_DS),
+    }
+    assert answers_files(texts) == ["answers.yaml", "mine.yml"]
+    problems = check_files(texts)
+    assert [p.render() for p in problems] == [
+        "mine.yml:gpus-per-node: is not a known answer (fix: did you mean gpus_per_node?)"
+    ]
+    # an accelerate key that is no answer makes it accelerate's, answers' keys reported there
+    mixed = yaml.safe_dump({**GOOD_YAML, "gpu": "A100-80GB"})
+    assert answers_files({"acc.yaml": mixed}) == []
+    trl = "model_name_or_path: Qwen/Qwen2.5-0.5B\ngradient_checkpointing: true\nbf16: true\n"
+    assert answers_files({"trl.yaml": trl}) == []  # one shared key does not make it answers
+    assert "acc.yaml:gpu" in paths(check_files({"acc.yaml": mixed, "ds.json": json.dumps(GOOD_DS)}))

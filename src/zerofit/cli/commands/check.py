@@ -1,5 +1,6 @@
-"""`zerofit check FILE...`: validate DeepSpeed JSON and accelerate YAML, alone and together;
-`zerofit check --training X` alone: the training setup against the DeepSpeed JSON it names."""
+"""`zerofit check FILE|DIR...`: validate DeepSpeed JSON and accelerate YAML, alone and together,
+and zerofit's own answers.yaml as answers; `zerofit check --training X` alone: the training setup
+against the DeepSpeed JSON it names."""
 
 from __future__ import annotations
 
@@ -18,14 +19,17 @@ def register(sub) -> None:
         "DeepSpeed JSON whatever its name. Keys and values are judged by the installed "
         "DeepSpeed and accelerate (their own config classes and loader); zerofit's cross-file "
         "rules come on top. With --training and no FILE, the DeepSpeed JSON the training "
-        "setup names is checked with it. "
+        "setup names is checked with it. A directory stands for its *.json / *.yaml / *.yml "
+        "files, so `zerofit check OUT` checks what `zerofit config --out OUT` wrote; zerofit's "
+        "own answers.yaml is checked as `zerofit config --answers` reads it, not as accelerate. "
         "Exit 0 clean or warnings only, 1 errors (or warnings with --strict), 2 usage error.",
     )
     p.add_argument(
         "files",
         nargs="*",
         metavar="FILE",
-        help="*.json (DeepSpeed) and *.yaml (accelerate) files (optional with --training)",
+        help="*.json (DeepSpeed) and *.yaml (accelerate, or zerofit's answers) files, or a "
+        "directory of them (optional with --training)",
     )
     p.add_argument("--gpu", help="target GPU type (checks bf16 support), e.g. V100")
     p.add_argument(
@@ -62,7 +66,7 @@ def _read(path: str) -> str:
 
 
 def run(args) -> int:
-    from zerofit.configs.check import check_files, engine
+    from zerofit.configs.check import answers_files, check_files, engine
 
     if not args.files and not args.training:
         raise ZerofitError(
@@ -76,7 +80,7 @@ def run(args) -> int:
 
         gpu_bf16 = lookup(args.gpu).bf16
     client = args.client or ("trainer" if args.trainer else None)
-    texts = {path: _read(path) for path in args.files}
+    texts = {path: _read(path) for path in _expand_directories(args.files)}
     training = _read_training(args.training, texts) if args.training else None
     texts.update(_referenced(texts))
     problems = check_files(
@@ -88,14 +92,21 @@ def run(args) -> int:
     )
     judge = engine()
     errors = [p for p in problems if p.severity != "warning" or args.strict]
+    answers = answers_files(texts)
     if args.json:
         report = {
             "files": list(texts),
+            "answers_files": answers,
             "checked_with": judge,
             "problems": [p.to_dict() for p in problems],
         }
         print(json.dumps(report, indent=2))
         return 1 if errors else 0
+    for name in answers:
+        print(
+            f"note: {name} is zerofit's answers file: checked as `zerofit config --answers` "
+            "reads it, not as an accelerate config"
+        )
     for p in problems:
         prefix = "warning: " if p.severity == "warning" else ""
         print(prefix + p.render())
@@ -108,6 +119,29 @@ def run(args) -> int:
             + f" (checked with {judge})"
         )
     return 1 if errors else 0
+
+
+def _expand_directories(paths: list[str]) -> list[str]:
+    """``paths`` with each directory replaced by its *.json, *.yaml and *.yml files, sorted (not
+    its subdirectories): `zerofit config --out DIR` writes its files side by side there."""
+    expanded: list[str] = []
+    for path in paths:
+        if not Path(path).is_dir():
+            expanded.append(path)
+            continue
+        found = sorted(
+            str(Path(path) / entry.name)
+            for entry in Path(path).iterdir()
+            if entry.is_file() and entry.suffix.lower() in (".json", ".yaml", ".yml")
+        )
+        if not found:
+            raise ZerofitError(
+                path,
+                "is a directory with no .json, .yaml or .yml file to check",
+                "give the directory `zerofit config --out` wrote, or the files themselves",
+            )
+        expanded += [name for name in found if name not in expanded]
+    return expanded
 
 
 def _read_training(value: str, texts: dict[str, str]):

@@ -15,12 +15,13 @@ from __future__ import annotations
 
 from zerofit.configs.check.accelerate_file import accelerate_version, check_accelerate
 from zerofit.configs.check.deepspeed_file import check_deepspeed, deepspeed_version
-from zerofit.configs.check.files import check_files, referenced_files
+from zerofit.configs.check.files import answers_files, check_files, referenced_files
 from zerofit.configs.check.problems import Problem
 
 __all__ = [
     "CLIENTS",
     "Problem",
+    "answers_files",
     "check_accelerate",
     "check_deepspeed",
     "check_files",

@@ -104,8 +104,14 @@ def _launch_flags() -> frozenset[str]:
     return frozenset(o.lstrip("-") for a in parser._actions for o in a.option_strings)
 
 
+def accelerate_keys() -> frozenset[str]:
+    """The top-level keys accelerate's loader takes: ``ClusterConfig``'s fields and the legacy
+    keys ``process_config`` converts."""
+    return frozenset(_cluster_fields()) | ACCELERATE_LEGACY_KEYS
+
+
 def _unknown_keys(cfg: dict, name: str) -> list[Problem]:
-    top = set(_cluster_fields()) | ACCELERATE_LEGACY_KEYS
+    top = accelerate_keys()
     problems = [
         Problem(
             f"{name}:{key}",

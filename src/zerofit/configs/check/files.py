@@ -2,6 +2,8 @@
 
 A file a YAML names as ``deepspeed_config_file`` is always read as DeepSpeed JSON, whatever its
 name: accelerate opens it with ``json.load`` (``utils/deepspeed.py``: ``HfDeepSpeedConfig``).
+zerofit's own answers file, the answers.yaml `zerofit config` writes beside the other two, is
+recognised by its keys and read with the Answers loader `config --answers` uses, not as accelerate.
 """
 
 from __future__ import annotations
@@ -10,10 +12,11 @@ import json
 import os
 from typing import Any, Callable
 
-from zerofit.configs.check.accelerate_file import check_accelerate
+from zerofit.configs.check.accelerate_file import accelerate_keys, check_accelerate
 from zerofit.configs.check.deepspeed_file import check_deepspeed
 from zerofit.configs.check.problems import Problem, is_int, not_a_mapping
 from zerofit.configs.check.training import check_training, read_model_config
+from zerofit.errors import ZerofitError
 
 
 def is_yaml(name: str) -> bool:
@@ -50,8 +53,11 @@ def check_files(
     targets = {name: _named_json(cfg, texts) for name, (cfg, _) in yamls.items()}
     # a YAML another YAML names as its DeepSpeed JSON is that JSON, not an accelerate config
     named_by_another = {t for name, t in targets.items() if t and t != name}
+    answers = {name for name in answers_files(texts) if name not in named_by_another}
     for name, (_, found) in yamls.items():
         problems += found if name not in named_by_another else []
+    for name in sorted(answers):
+        problems += check_answers(name, texts[name])
     deepspeed: dict[str, dict] = {}
     for name, text in texts.items():
         if is_yaml(name) and name not in named_by_another:
@@ -63,7 +69,7 @@ def check_files(
             deepspeed[name] = data
     paired: dict[str, int] = {}  # DeepSpeed file -> world size from the YAML that references it
     for name, (cfg, _) in yamls.items():
-        if cfg is None or name in named_by_another:
+        if cfg is None or name in named_by_another or name in answers:
             continue
         problems += check_accelerate(cfg, name, exists=exists)
         problems += _check_reference(cfg, name, targets[name], deepspeed, paired)
@@ -74,6 +80,48 @@ def check_files(
     if training is not None:
         problems += check_training(training, deepspeed, client, read_model_config)
     return problems
+
+
+def answers_files(texts: dict[str, str]) -> list[str]:
+    """The YAMLs in ``texts`` that are zerofit's own answers files, in the order given.
+
+    Recognised by their keys, whatever the file's name: most are Answers fields (or the alias
+    ``flavor``), at least one of them a key accelerate does not know, and none is a key accelerate
+    knows that is no answer. ``main_process_ip`` and ``main_process_port`` are both, so they
+    decide nothing. A misspelt key is neither, so an answers file with a typo is still read as
+    answers and the typo reported by the Answers loader, while a training YAML (TRL's
+    ``gradient_checkpointing`` among its own keys) is not taken for one.
+    """
+    import dataclasses
+
+    from zerofit.planning.answers import KEY_ALIASES, Answers
+
+    answer_keys = {field.name for field in dataclasses.fields(Answers)} | set(KEY_ALIASES)
+    found = []
+    for name in filter(is_yaml, texts):
+        cfg, _ = parse_yaml(name, texts[name])
+        if cfg is None:
+            continue
+        keys = {str(key) for key in cfg}
+        accelerate = accelerate_keys()
+        mostly_answers = len(keys & answer_keys) > len(keys - answer_keys)
+        only_answers = keys & (answer_keys - accelerate)
+        if mostly_answers and only_answers and not keys & (accelerate - answer_keys):
+            found.append(name)
+    return found
+
+
+def check_answers(name: str, text: str) -> list[Problem]:
+    """An answers file read as `zerofit config --answers` reads it (``load_answers``): its first
+    problem, or none."""
+    from zerofit.planning.answers import load_answers
+
+    try:
+        load_answers(text)
+    except ZerofitError as exc:
+        fix = exc.fix or "see `zerofit config --help`"
+        return [Problem(f"{name}:{exc.field}" if exc.field else name, exc.problem, fix)]
+    return []
 
 
 def _check_reference(
