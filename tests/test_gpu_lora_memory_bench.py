@@ -1,16 +1,20 @@
-"""benchmarks/gpu_lora_memory.py and its H200 results (tests/data/gpu_lora_memory_h200.jsonl):
-the stored estimates are what zerofit predicts today, and the script's cases run end to end on
-the CPU through the real peft / bitsandbytes / transformers code (tiny shape, fp32).
+"""benchmarks/gpu_lora_memory.py and its GPU results (tests/data/gpu_lora_memory_h200.jsonl, the
+plain stack; tests/data/gpu_lora_memory_h100_stacks.jsonl, autocast and DeepSpeed): the stored
+estimates are what zerofit predicts today, and the script's cases run end to end on the CPU
+through the real peft / bitsandbytes / transformers / DeepSpeed code (tiny shape).
 
 Run: .venv/bin/python -m pytest tests/test_gpu_lora_memory_bench.py -q"""
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
-from conftest import load_benchmark
+from conftest import find_free_port, load_benchmark
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "tests" / "data" / "gpu_lora_memory_h200.jsonl"
@@ -46,4 +50,43 @@ def test_the_cases_run_on_the_cpu(tmp_path):
     assert case["finetuning"] == "qlora" and case["prepare_kbit"] and case["checkpointing"]
     row = BENCH.measure_case(folder, case, BENCH.TINY, "cpu")
     row = BENCH.with_estimate(row, BENCH.TINY, bf16=False)
+    assert row["trainable_params"] > 0 and row["est_allocated"] > 0, row
+
+
+def test_the_deepspeed_buckets_are_zerofits():
+    """The script writes its DeepSpeed JSON without zerofit (a bare GPU machine); its buckets
+    must be the ones zerofit writes, which its estimate counts."""
+    from zerofit.memory.ds_defaults import ds_bucket_sizes
+
+    hidden = BENCH.QWEN25_05B["hidden_size"]
+    for stage in (2, 3):
+        assert BENCH.bucket_sizes(hidden, stage) == ds_bucket_sizes(hidden, stage)
+
+
+def test_the_autocast_stack_runs_on_the_cpu(tmp_path):
+    """QLoRA under bf16 autocast with TRL's cast of the adapters to bf16, checkpointed."""
+    folder = tmp_path / "model"
+    BENCH.save_random_model(BENCH.TINY, folder)
+    case = next(
+        case
+        for case in BENCH.build_cases(tiny=True, stack="autocast")
+        if case["finetuning"] == "qlora" and case["checkpointing"]
+    )
+    row = BENCH.measure_case(folder, case, BENCH.TINY, "cpu")
+    row = BENCH.with_estimate(row, BENCH.TINY, bf16=False)
+    assert row["trainable_params"] > 0 and row["est_allocated"] > 0, row
+
+
+def test_a_deepspeed_zero3_case_runs_on_the_cpu(tmp_path):
+    """A real DeepSpeed engine (ZeRO-3, gloo, one process) trains the adapters of the tiny
+    shape, and the row carries the buckets it ran and zerofit's stage-3 estimate."""
+    out = tmp_path / "ds.jsonl"
+    script = ROOT / "benchmarks" / "gpu_lora_memory.py"
+    env = dict(os.environ, MASTER_PORT=str(find_free_port()), PYTHONPATH=str(ROOT / "src"))
+    command = [sys.executable, str(script), "--device", "cpu", "--tiny", "--stack", "deepspeed"]
+    command += ["--stages", "3", "--first", "1", "--out", str(out)]
+    subprocess.run(command, check=True, env=env, capture_output=True, timeout=300)
+    (row,) = [json.loads(line) for line in out.read_text().splitlines()]
+    assert row["stack"] == "deepspeed" and row["stage"] == 3 and "error" not in row, row
+    assert row["buckets"] == BENCH.bucket_sizes(BENCH.TINY["hidden_size"], 3)
     assert row["trainable_params"] > 0 and row["est_allocated"] > 0, row
