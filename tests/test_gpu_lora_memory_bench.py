@@ -18,6 +18,7 @@ from conftest import find_free_port, load_benchmark
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "tests" / "data" / "gpu_lora_memory_h200.jsonl"
+STACK_RESULTS = ROOT / "tests" / "data" / "gpu_lora_memory_h100_stacks.jsonl"
 
 BENCH = load_benchmark("gpu_lora_memory")
 
@@ -33,6 +34,27 @@ def test_the_stored_estimates_are_todays(tmp_path, capsys):
     assert len(stored) == len(BENCH.build_cases(tiny=False)) == 10
     for old, new in zip(stored, fresh, strict=True):
         assert old["gpu"] == "NVIDIA H200" and old["max_allocated"] > 0
+        assert (new["est_allocated"], new["est_reserved"]) == (
+            old["est_allocated"],
+            old["est_reserved"],
+        )
+    capsys.readouterr()
+
+
+def test_the_stored_stack_estimates_are_todays(tmp_path, capsys):
+    """The autocast and DeepSpeed rows measured on an H100 (docs/accuracy.md's second LoRA GPU
+    table) carry the estimates zerofit gives today for their TrainSetup; ZeRO-3 ran 5 of its 8
+    cases before the device call's time limit."""
+    copy = tmp_path / "stacks.jsonl"
+    shutil.copy(STACK_RESULTS, copy)
+    BENCH.annotate(copy)
+    stored = [json.loads(line) for line in STACK_RESULTS.read_text().splitlines()]
+    fresh = [json.loads(line) for line in copy.read_text().splitlines()]
+    stacks = [(row["stack"], row["stage"]) for row in stored]
+    assert (stacks.count(("deepspeed", 2)), stacks.count(("deepspeed", 3))) == (8, 5)
+    assert stacks.count(("autocast", 0)) == 8
+    for old, new in zip(stored, fresh, strict=True):
+        assert old["gpu"] == "NVIDIA H100 80GB HBM3" and old["max_allocated"] > 0
         assert (new["est_allocated"], new["est_reserved"]) == (
             old["est_allocated"],
             old["est_reserved"],
