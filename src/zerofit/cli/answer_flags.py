@@ -31,6 +31,8 @@ _HELP = {
     "gpus_per_node": "GPUs (processes) on each node",
     "num_nodes": "number of nodes",
     "seq_len": "tokens per sequence (grpo: prompt + completion)",
+    "target_len": "encoder-decoder models (T5): tokens per target sequence, the decoder's and "
+    "the loss's length, e.g. 128 (default: --seq-len)",
     "global_batch": "sequences per optimizer step across all GPUs",
     "stage": "ZeRO stage (default: the planner picks)",
     "micro_batch": "sequences per GPU per forward (default: the planner picks)",

@@ -72,6 +72,24 @@ def traced_layer(model, a: int, attention: str = "sdpa", residual: int | None = 
     return trace_decoder_layer(model.config_json, a, attention, residual or a)
 
 
+def is_encoder_decoder(model) -> bool:
+    """Whether ``model`` is an encoder-decoder (T5), whose targets may be shorter than its
+    inputs (``LayerBatch.target_len``)."""
+    from zerofit.memory.layer_trace import is_encoder_decoder as config_is_encoder_decoder
+
+    return config_is_encoder_decoder(getattr(model, "config_json", ""))
+
+
+def traced_encoder_decoder_layer(model, a: int, attention: str, residual: int | None = None):
+    """An encoder-decoder's layer traced with source and target lengths apart
+    (``layer_trace.EncoderDecoderTrace``), or None (no config.json, or not traceable)."""
+    if not getattr(model, "config_json", ""):
+        return None
+    from zerofit.memory.layer_trace import trace_encoder_decoder_layer
+
+    return trace_encoder_decoder_layer(model.config_json, a, attention, residual or a)
+
+
 def activations_basis(model, a: int, attention: str = "sdpa", residual: int | None = None) -> str:
     """Where the layer's bytes come from: ``formula`` (closed form, checked against transformers'
     modules), ``traced`` (this architecture's modeling code, traced on fake tensors),
@@ -286,33 +304,70 @@ class LayerBatch:
     """What every decoder layer of a step runs on: ``micro_batch`` sequences of ``seq_len``
     tokens, through ``attention`` (an ``attn_implementation``), with the residual stream in
     ``residual`` bytes per element (None: the compute dtype's) and, if ``padded``, a padded
-    batch's mask."""
+    batch's mask. ``target_len``: an encoder-decoder's target tokens per sequence (its decoder
+    blocks, final norm and LM head run on them; ``seq_len`` is the encoder's); None: as many as
+    ``seq_len``, counted as an equal-length layer."""
 
     micro_batch: int
     seq_len: int
     attention: str
     residual: int | None = None
     padded: bool = False
+    target_len: int | None = None
 
     @property
     def tokens(self) -> int:
         return self.micro_batch * self.seq_len
 
+    @property
+    def target_tokens(self) -> int:
+        """The tokens the final norm and the LM head see: the targets of an encoder-decoder."""
+        return self.micro_batch * (self.target_len or self.seq_len)
+
+
+def layer_batch_bytes(model, a: int, batch: LayerBatch) -> int:
+    """``one_layer_bytes`` of ``batch``; with a ``target_len``, an encoder-decoder's layer traced
+    with its source and target lengths apart (``traced_encoder_decoder_layer``: the encoder
+    block over ``seq_len``, the decoder block over ``target_len``, cross-attention over both),
+    plus a padded batch's sdpa extras at ``seq_len`` (the encoder's, the longer side)."""
+    split = None
+    if batch.target_len is not None:
+        split = traced_encoder_decoder_layer(model, a, batch.attention, batch.residual)
+    if split is None:
+        return one_layer_bytes(
+            model,
+            a,
+            batch.micro_batch,
+            batch.seq_len,
+            batch.attention,
+            batch.residual,
+            batch.padded,
+        )
+    one = split.layer_bytes(batch.micro_batch, batch.seq_len, batch.target_len)
+    if batch.padded:
+        one += padded_attention_bytes(
+            model, a, batch.micro_batch, batch.seq_len, batch.attention, batch.residual
+        )
+    return one
+
 
 def _one_layer_of(model, a: int, batch: LayerBatch) -> int:
-    return one_layer_bytes(
-        model, a, batch.micro_batch, batch.seq_len, batch.attention, batch.residual, batch.padded
-    )
+    return layer_batch_bytes(model, a, batch)
 
 
 def stored_activation_bytes(model, a: int, batch: LayerBatch, checkpointing: bool) -> int:
     """Bytes autograd holds at the end of the forward, excluding the logits/loss path."""
     layers = model.num_layers
-    final = final_bytes_per_token(model, a, batch.residual) * batch.tokens
+    final = final_bytes_per_token(model, a, batch.residual) * batch.target_tokens
     if checkpointing:
         # non-reentrant checkpointing keeps only each layer's input hidden states (and the
-        # padded batch's boolean mask, held by every layer's recompute closure)
-        per_layer = (batch.residual or a) * model.hidden_size * batch.tokens
+        # padded batch's boolean mask, held by every layer's recompute closure); an
+        # encoder-decoder with its own target length: the encoder block's input over the source
+        # and the decoder block's over the targets (T5Block is a GradientCheckpointingLayer)
+        held_tokens = batch.tokens
+        if batch.target_len is not None:
+            held_tokens += batch.target_tokens
+        per_layer = (batch.residual or a) * model.hidden_size * held_tokens
         mask = 0
         if batch.padded:
             mask = padding_mask_bytes(batch.micro_batch, batch.seq_len, batch.attention)
@@ -323,8 +378,20 @@ def stored_activation_bytes(model, a: int, batch: LayerBatch, checkpointing: boo
 def recompute_bytes(model, a: int, batch: LayerBatch) -> int:
     """One layer recomputed in backward under checkpointing, plus its gradient temporaries
     (grad of the hidden states in and out, and the widest MLP gradient)."""
-    temporaries = backward_temporaries_bytes(model, a, batch.tokens, batch.residual)
+    temporaries = batch_backward_temporaries_bytes(model, a, batch)
     return _one_layer_of(model, a, batch) + temporaries
+
+
+def batch_backward_temporaries_bytes(model, a: int, batch: LayerBatch) -> int:
+    """``backward_temporaries_bytes`` of ``batch``. An encoder-decoder with its own target
+    length runs its decoder blocks' backward first, over the targets, while the gradient of the
+    encoder's output (one source-long tensor in the compute dtype, the cross-attention's k and v
+    input: ``T5Attention.forward`` with ``key_value_states``) sums what every decoder block
+    sends it."""
+    if batch.target_len is None:
+        return backward_temporaries_bytes(model, a, batch.tokens, batch.residual)
+    decoder = backward_temporaries_bytes(model, a, batch.target_tokens, batch.residual)
+    return decoder + a * model.hidden_size * batch.tokens
 
 
 def backward_temporaries_bytes(model, a: int, tokens: int, residual: int | None = None) -> int:

@@ -53,6 +53,9 @@ class TrainSetup:
     gradient_checkpointing: bool = False
     micro_batch: int = 1
     seq_len: int = 2048
+    # an encoder-decoder's target tokens per sequence (its decoder, final norm, LM head and loss
+    # run on them; seq_len is the encoder's); None: as many as seq_len
+    target_len: int | None = None
     grad_accum: int = 1
     attention: str = "sdpa"
     workload: str = "sft"
@@ -237,6 +240,9 @@ def step_sizes(model, setup: TrainSetup) -> StepSizes:
     # dpo: TRL concatenates chosen + rejected into one forward (DPOTrainer concatenated inputs)
     sequences = setup.micro_batch * (2 if setup.workload == "dpo" else 1)
     tokens = sequences * setup.seq_len
+    # an encoder-decoder scores its targets (T5ForConditionalGeneration: lm_head over the
+    # decoder's output); None: as many as the inputs
+    target_tokens = sequences * (setup.target_len or setup.seq_len)
     return StepSizes(
         compute_bytes=compute_bytes,
         weight_bytes=weight_bytes,
@@ -245,7 +251,7 @@ def step_sizes(model, setup: TrainSetup) -> StepSizes:
         sequences=sequences,
         tokens=tokens,
         logit_tokens=losses.scored_tokens(
-            setup.stack, setup.workload, tokens, sequences * setup.completion_len
+            setup.stack, setup.workload, target_tokens, sequences * setup.completion_len
         ),
         loss_path=losses.loss_path(setup.stack, setup.workload, setup.loss_kernel),
         optimizer=setup.optimizer_impl,
@@ -267,7 +273,9 @@ def activation_bytes(model, setup: TrainSetup, sizes: StepSizes) -> ActivationBy
     """Activations of one micro batch at the forward's end, through backward and at its end."""
     compute, residual = sizes.compute_bytes, sizes.residual_bytes
     tokens, sequences = sizes.tokens, sizes.sequences
-    batch = act.LayerBatch(sequences, setup.seq_len, setup.attention, residual, setup.padded)
+    batch = act.LayerBatch(
+        sequences, setup.seq_len, setup.attention, residual, setup.padded, setup.target_len
+    )
     if lora.is_adapter(setup):
         return adapter_activation_bytes(model, setup, sizes, batch)
     stored = act.stored_activation_bytes(model, compute, batch, setup.gradient_checkpointing)
@@ -285,10 +293,8 @@ def activation_bytes(model, setup: TrainSetup, sizes: StepSizes) -> ActivationBy
         lm_head = model.vocab_size * model.hidden_size
         casts_in_backward = (lm_head + st.layer_params(model)) * compute if casts else 0
         return ActivationBytes(stored, stored + recompute, last_layer, casts, casts_in_backward)
-    temporaries = act.backward_temporaries_bytes(model, compute, tokens, residual)
-    one_layer = act.one_layer_bytes(
-        model, compute, sequences, setup.seq_len, setup.attention, residual, setup.padded
-    )
+    temporaries = act.batch_backward_temporaries_bytes(model, compute, batch)
+    one_layer = act.layer_batch_bytes(model, compute, batch)
     return ActivationBytes(stored, stored + temporaries, one_layer + temporaries, casts, casts)
 
 

@@ -10,15 +10,19 @@ estimated with a Llama-shaped layer: the model's real forward runs on fake tenso
 The model is the one users train (``model_classes.training_auto_class``): the causal LM, else the
 sequence-to-sequence LM (T5), else the masked LM (DeBERTa-v2; BERT and RoBERTa have a causal-LM
 class with the same modules). For an encoder-decoder a "layer" is one encoder block and one decoder
-block, both over ``s`` tokens (what ``activations.py`` multiplies by ``num_layers``, the encoder's
-depth). One layer is the mean difference between the model at its real depth and a 1-layer model
-of the user's config (embedding, final norm and the LM head cancel; layers that differ, like
-DeepSeek-V3's first dense ones or Qwen3-Next's linear-attention ones, are averaged). Its bytes at
-sequence length ``s`` are ``C + L*s + Q*s*s``: ``C`` is constant (autocast's bf16 copies of the
-layer's weights, counted by ``states.autocast_weight_bytes``), ``L`` is per token, ``Q`` is the
-attention scores that eager attention keeps. Three lengths solve for the three; a micro batch of
+block, both over ``s`` tokens unless the targets are given their own length (what
+``activations.py`` multiplies by ``num_layers``, the encoder's depth). One layer is the mean
+difference between the model at its real depth and a 1-layer model of the user's config
+(embedding, final norm and the LM head cancel; layers that differ, like DeepSeek-V3's first dense
+ones or Qwen3-Next's linear-attention ones, are averaged). Its bytes at sequence length ``s``
+are ``C + L*s + Q*s*s``: ``C`` is constant (autocast's bf16 copies of the layer's weights,
+counted by ``states.autocast_weight_bytes``), ``L`` is per token, ``Q`` is the attention scores
+that eager attention keeps. Three lengths solve for the three; a micro batch of
 two sequences splits ``Q`` into what each sequence keeps and what the micro batch keeps once.
-Nothing here runs at import; torch and transformers are imported by ``trace_decoder_layer`` only.
+An encoder-decoder whose targets are shorter than its inputs (``trace_encoder_decoder_layer``)
+is traced at pairs of source and target lengths instead, so that the encoder's bytes scale with
+the source, the decoder's with the target and the cross-attention's scores with both.
+Nothing here runs at import; torch and transformers are imported by the trace functions only.
 """
 
 from __future__ import annotations
@@ -107,13 +111,13 @@ def _trace(config_json: str, a: int, attention: str, residual: int) -> LayerTrac
         implementation = _implementation(model_class, attention)
         depth = max(2, config.num_hidden_layers)
         sizes = {
-            (layers, s): _saved_bytes(config, layers, s, a, residual, implementation)
+            (layers, s): _saved_bytes(config, layers, (s, s), a, residual, implementation)
             for layers in (1, depth)
             for s in TRACE_LENGTHS
         }
         longest = TRACE_LENGTHS[-1]
         two_sequences = [
-            _saved_bytes(config, layers, longest, a, residual, implementation, batch=2)
+            _saved_bytes(config, layers, (longest, longest), a, residual, implementation, batch=2)
             for layers in (1, depth)
         ]
     except Exception:  # transformers and torch raise many types for what they cannot build or run
@@ -133,6 +137,159 @@ def _trace(config_json: str, a: int, attention: str, residual: int) -> LayerTrac
     flash = bool(getattr(model_class, "_supports_flash_attn", False))
     kind = "eager" if implementation == "eager" else "kernel"
     return LayerTrace(per_token, own_scores, kind, flash, scores - own_scores)
+
+
+@dataclass(frozen=True)
+class EncoderDecoderTrace:
+    """What one layer of an encoder-decoder (one encoder block and one decoder block, as in
+    ``LayerTrace``) keeps for backward when its ``s`` source and ``t`` target tokens differ.
+
+    Per token: ``source_per_token`` (the encoder block's tensors, and the decoder's
+    cross-attention keys and values, projected from every encoder token: ``T5Attention.forward``
+    with ``key_value_states``) and ``target_per_token`` (the decoder block's own: self-attention,
+    the cross-attention's queries and output, the feed-forward). Per sequence, the score-shaped
+    tensors eager attention (or T5's relative position bias, a float mask under sdpa) keeps:
+    ``source_scores`` per ``s*s`` (encoder self-attention), ``target_scores`` per ``t*t`` (decoder
+    self-attention), ``cross_scores`` per ``t*s`` (cross-attention: queries over the targets,
+    keys over the source); the ``shared_`` ones are what a micro batch keeps once."""
+
+    source_per_token: int
+    target_per_token: int
+    source_scores: int
+    target_scores: int
+    cross_scores: int
+    shared_source_scores: int
+    shared_target_scores: int
+    shared_cross_scores: int
+
+    def layer_bytes(self, micro_batch: int, source_len: int, target_len: int) -> int:
+        """Bytes one layer keeps for ``micro_batch`` pairs of ``source_len`` and ``target_len``
+        tokens."""
+        per_token = self.source_per_token * source_len + self.target_per_token * target_len
+        source = (self.source_scores * micro_batch + self.shared_source_scores) * source_len**2
+        target = (self.target_scores * micro_batch + self.shared_target_scores) * target_len**2
+        cross = (self.cross_scores * micro_batch + self.shared_cross_scores) * (
+            source_len * target_len
+        )
+        return micro_batch * per_token + source + target + cross
+
+
+@functools.lru_cache(maxsize=64)
+def trace_encoder_decoder_layer(
+    config_json: str, a: int, attention: str, residual: int
+) -> EncoderDecoderTrace | None:
+    """Trace one layer of the encoder-decoder ``config_json`` describes with source and target
+    lengths apart (the arguments and the cache as ``trace_decoder_layer``'s). None when the model
+    is no encoder-decoder or cannot be traced: the caller keeps the equal-length layer."""
+    try:
+        versions = [version("transformers"), version("torch")]
+    except PackageNotFoundError:
+        return None
+    path = cache_file("layer_traces.json")
+    blob = json.dumps(
+        [TRACE_CACHE_VERSION, "encoder_decoder", versions, config_json, a, attention, residual]
+    )
+    key = hashlib.sha256(blob.encode()).hexdigest()
+    cached = read_cache(path).get(key)
+    if isinstance(cached, dict) and set(cached) == {f.name for f in fields(EncoderDecoderTrace)}:
+        return EncoderDecoderTrace(**cached)
+    if cached == UNTRACEABLE:
+        return None
+    trace = _trace_encoder_decoder(config_json, a, attention, residual)
+    store_in_cache(path, key, asdict(trace) if trace else UNTRACEABLE)
+    return trace
+
+
+def _trace_encoder_decoder(
+    config_json: str, a: int, attention: str, residual: int
+) -> EncoderDecoderTrace | None:
+    """One layer's bytes ``f(s, t) = C + A*s + B*t + Qe*s*s + Qd*t*t + Qx*s*t`` (the terms
+    ``EncoderDecoderTrace`` names) solved from traces at a row of source lengths with the
+    shortest target, a column of target lengths with the shortest source, and one mixed point;
+    then a micro batch of two at three points splits each ``Q`` into what each sequence keeps
+    and what the micro batch keeps once."""
+    import transformers
+
+    shortest, middle, longest = TRACE_LENGTHS
+    row = [(s, shortest) for s in TRACE_LENGTHS]
+    column = [(shortest, t) for t in TRACE_LENGTHS]
+    apart = [(longest, shortest), (shortest, longest), (longest, longest)]
+    verbosity = transformers.logging.get_verbosity()
+    transformers.logging.set_verbosity_error()
+    try:
+        config = _model_config(json.loads(config_json))
+        if not getattr(config, "is_encoder_decoder", False):
+            return None
+        model_class = _training_auto_class(config)._model_mapping[type(config)]
+        implementation = _implementation(model_class, attention)
+        depth = max(2, config.num_hidden_layers)
+
+        def one_layer(lengths: tuple[int, int], batch: int = 1) -> float:
+            sizes = [
+                _saved_bytes(config, layers, lengths, a, residual, implementation, batch)
+                for layers in (1, depth)
+            ]
+            return (sizes[1] - sizes[0]) / (depth - 1)
+
+        single = {lengths: one_layer(lengths) for lengths in {*row, *column, *apart, (middle,) * 2}}
+        pairs = {lengths: one_layer(lengths, batch=2) for lengths in apart}
+    except Exception:  # as in _trace: what transformers or torch cannot build or run
+        return None
+    finally:
+        transformers.logging.set_verbosity(verbosity)
+    source_slope, source_scores = _quadratic(TRACE_LENGTHS, [single[p] for p in row])
+    target_slope, target_scores = _quadratic(TRACE_LENGTHS, [single[p] for p in column])
+    step = middle - shortest
+    mixed = single[(middle, middle)] - single[(middle, shortest)] - single[(shortest, middle)]
+    cross_scores = (mixed + single[(shortest, shortest)]) / step**2
+    # the row's slope over s holds the cross term at t = shortest, the column's likewise
+    source_per_token = source_slope - cross_scores * shortest
+    target_per_token = target_slope - cross_scores * shortest
+    # what the second sequence adds beyond its tokens: its own scores (the shared ones once)
+    second = [
+        pairs[(s, t)] - single[(s, t)] - source_per_token * s - target_per_token * t
+        for s, t in apart
+    ]
+    own = _own_scores(second, shortest, longest)
+    solved = (source_scores, target_scores, cross_scores)
+    if source_per_token <= 0 or target_per_token <= 0 or min(solved) < -0.5:
+        return None
+    totals = [max(0.0, total) for total in solved]  # -0.5 < total < 0: rounding, not bytes
+    kept = [min(total, max(0.0, part)) for total, part in zip(totals, own, strict=True)]
+    return EncoderDecoderTrace(
+        round(source_per_token),
+        round(target_per_token),
+        *(round(part) for part in kept),
+        *(round(total - part) for total, part in zip(totals, kept, strict=True)),
+    )
+
+
+def _own_scores(second: list[float], short: int, long: int) -> tuple[float, float, float]:
+    """Each sequence's own ``(Qe, Qd, Qx)`` from what a second sequence adds beyond its tokens at
+    (long, short), (short, long) and (long, long): ``g = Qe*s*s + Qd*t*t + Qx*s*t`` at each,
+    solved in closed form."""
+    at_long_short, at_short_long, at_long_long = second
+    cross = (
+        at_long_long * (long**2 + short**2) / long**2 - at_long_short - at_short_long
+    ) / (long - short) ** 2
+    both = at_long_long / long**2 - cross  # Qe + Qd
+    apart = (at_long_short - at_short_long) / (long**2 - short**2)  # Qe - Qd
+    return (both + apart) / 2, (both - apart) / 2, cross
+
+
+def is_encoder_decoder(config_json: str) -> bool:
+    """Whether the config.json text describes an encoder-decoder (T5, BART...): its own
+    ``is_encoder_decoder``, else its config class's default (``T5Config`` sets it True; imports
+    transformers only then)."""
+    config = json.loads(config_json) if config_json else {}
+    if "is_encoder_decoder" in config:
+        return bool(config["is_encoder_decoder"])
+    if "model_type" not in config:
+        return False
+    try:
+        return bool(getattr(_model_config(config), "is_encoder_decoder", False))
+    except Exception:  # an unknown model type (remote code): not one transformers builds as such
+        return False
 
 
 def _implementation(model_class, attention: str) -> str:
@@ -191,11 +348,18 @@ def _model_config(config: dict):
 
 
 def _saved_bytes(
-    config, layers: int, seq_len: int, a: int, residual: int, implementation: str, batch: int = 1
+    config,
+    layers: int,
+    lengths: tuple[int, int],
+    a: int,
+    residual: int,
+    implementation: str,
+    batch: int = 1,
 ) -> int:
     """Bytes of the distinct storages autograd saves in one forward of a ``layers``-layer model
-    of ``config`` (a config object, left unchanged), ``batch`` sequences of ``seq_len`` tokens,
-    weights excluded. Fake tensors: nothing is allocated."""
+    of ``config`` (a config object, left unchanged), ``batch`` sequences of ``lengths``: (input
+    tokens, an encoder-decoder's target tokens; a decoder-only model reads the first), weights
+    excluded. Fake tensors: nothing is allocated."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.autograd.graph import saved_tensors_hooks
@@ -211,7 +375,8 @@ def _saved_bytes(
     # bf16 weights train in bf16; fp32 weights (with or without bf16 autocast) stay fp32
     weights_dtype = torch.bfloat16 if a == 2 and residual == 2 else torch.float32
     autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=residual != a)
-    ids = torch.zeros((batch, seq_len), dtype=torch.long)
+    ids = torch.zeros((batch, lengths[0]), dtype=torch.long)
+    targets = torch.zeros((batch, lengths[1]), dtype=torch.long)
     with FakeTensorMode(allow_non_fake_inputs=True):
         auto_class = _training_auto_class(cfg)
         model = auto_class.from_config(cfg, dtype=weights_dtype).train()
@@ -225,7 +390,7 @@ def _saved_bytes(
             return tensor
 
         with saved_tensors_hooks(pack, lambda tensor: tensor), autocast, _fused_dropout():
-            model(input_ids=ids, **_extra_inputs(auto_class, ids))
+            model(input_ids=ids, **_extra_inputs(auto_class, ids, targets))
     return sum(saved.values())
 
 
@@ -253,16 +418,16 @@ def _fused_dropout():
         torch.nn.functional.dropout = plain_dropout
 
 
-def _extra_inputs(auto_class, ids) -> dict:
-    """What the model's forward needs beside ``input_ids``: an encoder-decoder's targets, as long
-    as its inputs (``decoder_input_ids``); a masked LM's all-ones ``attention_mask``, the one
+def _extra_inputs(auto_class, ids, targets) -> dict:
+    """What the model's forward needs beside ``input_ids``: an encoder-decoder's ``targets``
+    (``decoder_input_ids``); a masked LM's all-ones ``attention_mask``, the one
     DebertaV2Model builds itself when none is given, passed so that
     ``PreTrainedModel.warn_if_padding_and_no_attention_mask`` does not read the ids' values
     (fake tensors have none)."""
     from transformers import AutoModelForMaskedLM, AutoModelForSeq2SeqLM
 
     if auto_class is AutoModelForSeq2SeqLM:
-        return {"decoder_input_ids": ids}
+        return {"decoder_input_ids": targets}
     if auto_class is AutoModelForMaskedLM:
         return {"attention_mask": ids.new_ones(ids.shape)}
     return {}
@@ -271,9 +436,14 @@ def _extra_inputs(auto_class, ids) -> dict:
 def _solve(lengths: tuple[int, int, int], sizes: list[int]) -> tuple[int, int]:
     """``L`` and ``Q`` of ``size(s) = C + L*s + Q*s*s`` through three points (divided
     differences), rounded to whole bytes."""
+    per_token, q = _quadratic(lengths, sizes)
+    return round(per_token), round(q)
+
+
+def _quadratic(lengths: tuple[int, int, int], sizes: list[float]) -> tuple[float, float]:
+    """``L`` and ``Q`` of ``size(s) = C + L*s + Q*s*s`` through three points, unrounded."""
     (s1, s2, s3), (f1, f2, f3) = lengths, sizes
     slope_12 = (f2 - f1) / (s2 - s1)
     slope_23 = (f3 - f2) / (s3 - s2)
     q = (slope_23 - slope_12) / (s3 - s1)
-    per_token = slope_12 - q * (s1 + s2)
-    return round(per_token), round(q)
+    return slope_12 - q * (s1 + s2), q

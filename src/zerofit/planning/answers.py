@@ -78,6 +78,7 @@ BOUND_REASONS = {
     "num_nodes": "4096 nodes of 8 GPUs are twice the largest published training run, 16k GPUs",
     "seq_len": "1M tokens, the longest context models are trained at",
     "completion_len": "part of seq_len, at most 1M tokens",
+    "target_len": "an encoder-decoder's target tokens, at most 1M like seq_len",
     "global_batch": "sequences per optimizer step; 1M is beyond any published batch",
     "micro_batch": "sequences per GPU per forward; 4096 overflows any GPU at a useful length",
     "num_generations": "completions per prompt; GRPO runs use 8-64",
@@ -167,6 +168,9 @@ class Answers:
     workload: Workload = "sft"
     # tokens per sequence (grpo: prompt + completion)
     seq_len: Annotated[int, Number, Field(ge=1, le=MAX_SEQ_LEN)] = 2048
+    # encoder-decoder models (T5): tokens per target sequence, the decoder's and the loss's
+    # length (seq_len is the encoder's); None: as long as seq_len (planner.check_target_len)
+    target_len: Annotated[int, Number, Field(ge=1, le=MAX_SEQ_LEN)] | None = None
     # sequences per optimizer step, all GPUs; None: micro × world
     global_batch: Annotated[int, Number, Field(ge=1, le=MAX_GLOBAL_BATCH)] | None = None
     precision: Precision | None = None  # None: bf16 where the GPU has it, else fp16

@@ -23,6 +23,7 @@ from typing import Any
 
 from zerofit.errors import ZerofitError
 from zerofit.hardware import GpuSpec, pcie_link_gbps
+from zerofit.memory.activations import is_encoder_decoder
 from zerofit.memory.estimate import GIB, MemoryEstimate, TrainSetup, estimate_memory
 from zerofit.memory.overheads import FRAGMENTATION_AT_OOM_MEDIAN_GIB, is_tight
 from zerofit.planning.answers import Answers
@@ -159,8 +160,21 @@ class PlanInputs:
         )
 
 
+def check_target_len(model, answers: Answers) -> None:
+    """``target_len`` is an encoder-decoder's (T5's) target length: any other model reads one
+    sequence, whose length is ``seq_len``."""
+    if answers.target_len is not None and not is_encoder_decoder(model):
+        raise ZerofitError(
+            "target_len",
+            f"applies to encoder-decoder models only (T5); {model.name} ({model.architecture}) "
+            "reads one sequence",
+            "drop --target-len; a decoder-only model's prompt and answer are both in --seq-len",
+        )
+
+
 def plan_inputs(model, answers: Answers, gpu: GpuSpec, precision: str, per_rank: int) -> PlanInputs:
     """``PlanInputs`` of the answers as given: their world, node size and sequence length."""
+    check_target_len(model, answers)
     ram, source = host_ram_gib(answers, gpu)
     return PlanInputs(
         model=model,
@@ -361,6 +375,7 @@ def build_setup(
         zero_plus=option.zero_plus,
         micro_batch=micro_batch,
         seq_len=inputs.seq_len,
+        target_len=answers.target_len,
         grad_accum=grad_accum,
         attention=answers.attention,
         workload=answers.workload,
