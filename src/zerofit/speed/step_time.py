@@ -535,7 +535,8 @@ def attention_kernel_savings(
     of the products is two forwards' worth (speed/flops.py), checkpointing's recompute one."""
     if setup.attention != "flash_attention_3" or not is_hopper(device.name):
         return StepFlops(forward=0.0, backward=0.0, recompute=0.0)
-    attention = forward_flops_per_sequence(model, setup.seq_len)["attention"] * sequences
+    terms = forward_flops_per_sequence(model, setup.seq_len, setup.target_len)
+    attention = terms["attention"] * sequences
     forward_saved = attention * (1 - 1 / FLASH_ATTENTION_3_SPEEDUP["forward"])
     backward_saved = 2 * attention * (1 - 1 / FLASH_ATTENTION_3_SPEEDUP["backward"])
     recompute_saved = forward_saved if setup.gradient_checkpointing else 0.0
@@ -714,14 +715,18 @@ def estimate_step_time(
     trainable = model.params if trainable_params is None else trainable_params
     frozen = trainable < model.params
     trained, reference = sequences_per_micro_step(setup)
+    # an encoder-decoder's decoder and LM head run on its targets (``decoder_len``; None: seq_len)
     flops = estimate_step_flops(
         model,
         seq_len=setup.seq_len,
         sequences=trained,
         gradient_checkpointing=setup.gradient_checkpointing,
         frozen_weights=frozen,
+        decoder_len=setup.target_len,
     )
-    reference_flops = estimate_step_flops(model, seq_len=setup.seq_len, sequences=reference)
+    reference_flops = estimate_step_flops(
+        model, seq_len=setup.seq_len, sequences=reference, decoder_len=setup.target_len
+    )
     device = as_device(gpu)
     peak = device.peak_tflops * 1e12
     efficiency = device.efficiency.at(trained * setup.seq_len)
