@@ -108,6 +108,54 @@ def test_fake_trace_matches_real_tensors(name, attention, monkeypatch):
     assert two_scores == pytest.approx(2 * trace.scores + trace.shared_scores, abs=2)
 
 
+def _real_layer_bytes(name: str, attention: str, monkeypatch, batch: int, lengths) -> float:
+    """Bytes one layer of the encoder-decoder ``name`` keeps on real CPU tensors (bf16 weights)
+    for ``batch`` pairs of ``lengths`` (source, target) tokens, as ``_real_layer`` measures."""
+    import torch
+
+    run_as_on_a_gpu(monkeypatch, attention)
+    depth = family_config_json(name)["num_layers"]
+
+    def saved(layers: int) -> int:
+        torch.manual_seed(0)
+        model = build_family_model(name, attention, num_layers=layers).to(torch.bfloat16).train()
+        inputs = family_inputs(name, batch, *lengths)
+        return saved_tensor_bytes(model, lambda: model(**inputs))
+
+    return (saved(depth) - saved(1)) / (depth - 1)
+
+
+@pytest.mark.parametrize("name,attention", [("t5", "sdpa"), ("t5", "eager"), ("t5-v1.1", "sdpa")])
+def test_encoder_decoder_layer_with_its_own_target_length_matches_real_tensors(
+    name, attention, monkeypatch
+):
+    """The layer traced with source and target lengths apart (layer_trace.
+    trace_encoder_decoder_layer) gives the equal-length layer back when the two are equal, and
+    at lengths it was not traced at (160 source, 48 target tokens, two sequences) what the real
+    layer keeps on real tensors: the encoder block scales with the source, the decoder block
+    with the target, eager cross-attention's scores with both."""
+    config = json.dumps(family_config_json(name))
+    split = layer_trace.trace_encoder_decoder_layer(config, 2, attention, 2)
+    equal = layer_trace.trace_decoder_layer(config, 2, attention, 2)
+    assert split is not None and equal is not None
+    for micro, seq in ((1, 96), (2, 160)):
+        scores = (equal.scores * micro + equal.shared_scores) * seq * seq
+        assert split.layer_bytes(micro, seq, seq) == pytest.approx(
+            equal.per_token * micro * seq + scores, rel=0.001
+        )
+    real = _real_layer_bytes(name, attention, monkeypatch, batch=2, lengths=(160, 48))
+    traced = split.layer_bytes(2, 160, 48)
+    print(f"{name} {attention} 160/48: traced {traced:,} real {real:,.0f} ({split})")
+    assert traced == pytest.approx(real, rel=0.01)
+    assert (split.cross_scores > 0) == (attention == "eager")  # sdpa keeps no t x s tensor
+
+
+def test_a_decoder_only_model_has_no_encoder_decoder_trace():
+    """GPT-2 reads one sequence: no layer with a target length of its own."""
+    config = json.dumps(family_config_json("gpt2"))
+    assert layer_trace.trace_encoder_decoder_layer(config, 2, "sdpa", 2) is None
+
+
 @pytest.mark.parametrize("name", ["t5", "deberta-v3"])
 def test_t5_and_deberta_are_traced_not_llama_shaped(name):
     """The estimate's activations come from the family's own layer: T5 keeps its relative
@@ -146,13 +194,13 @@ WHOLE_STEP = {
 }
 
 
-@pytest.mark.parametrize("family", list(WHOLE_STEP))
-def test_a_whole_step_with_the_traced_layer_matches_torch(family, monkeypatch):
-    """Stage 0 without DeepSpeed, bf16 weights, the second training step (forward with labels,
-    backward, foreach AdamW) of the family's real model on CPU, tracked by MemTracker
-    (tests/memory_probe.py): the estimate's peak, whose activations come from the traced
-    layer, is within a few % of what torch allocates, dropout run as on a GPU
-    (``run_as_on_a_gpu``)."""
+def whole_step_peaks(
+    family: str, monkeypatch, micro: int, seq: int, target_len: int | None = None
+) -> tuple[int, int]:
+    """(measured, predicted) peak bytes of the second training step of the family's real model
+    (``WHOLE_STEP``) on CPU: stage 0 without DeepSpeed, bf16 weights, forward with labels,
+    backward, foreach AdamW, tracked by MemTracker (tests/memory_probe.py), dropout run as on a
+    GPU (``run_as_on_a_gpu``). ``target_len``: T5's labels that long (None: the inputs)."""
     import torch
     from memory_probe import tracked_peak
     from transformers import AutoConfig
@@ -167,9 +215,9 @@ def test_a_whole_step_with_the_traced_layer_matches_torch(family, monkeypatch):
     config = AutoConfig.for_model(family, attn_implementation=attention, use_cache=False, **fields)
     model = training_model_class(config).from_config(config).to(torch.bfloat16).train()
     optimizer = torch.optim.AdamW(model.parameters(), foreach=True)
-    micro, seq = 2, 256
     ids = torch.randint(3, 2000, (micro, seq))
-    inputs = {"input_ids": ids, "labels": ids, "attention_mask": torch.ones_like(ids)}
+    labels = ids if target_len is None else torch.randint(3, 2000, (micro, target_len))
+    inputs = {"input_ids": ids, "labels": labels, "attention_mask": torch.ones_like(ids)}
 
     def step():
         model(**inputs).loss.backward()
@@ -188,11 +236,30 @@ def test_a_whole_step_with_the_traced_layer_matches_torch(family, monkeypatch):
         weights_dtype="bf16",
         micro_batch=micro,
         seq_len=seq,
+        target_len=target_len,
         optimizer="adamw_torch",
         padded=False,
     )
-    estimate = estimate_memory(spec, setup)
-    predicted = estimate.peak_bytes
+    return measured, estimate_memory(spec, setup).peak_bytes
+
+
+@pytest.mark.parametrize("family", list(WHOLE_STEP))
+def test_a_whole_step_with_the_traced_layer_matches_torch(family, monkeypatch):
+    """The estimate's peak, whose activations come from the traced layer, is within a few % of
+    what torch allocates in a whole step (``whole_step_peaks``)."""
+    measured, predicted = whole_step_peaks(family, monkeypatch, micro=2, seq=256)
     error = predicted / measured - 1
     print(f"{family}: measured {measured:,} predicted {predicted:,} ({error:+.1%})")
+    assert predicted == pytest.approx(measured, rel=0.03)
+
+
+@pytest.mark.parametrize("seq,target", [(128, 32), (128, 128)])
+def test_t5_with_shorter_targets_matches_torch(seq, target, monkeypatch):
+    """T5 with its own target length (``TrainSetup.target_len``): the encoder over ``seq``
+    tokens, the decoder, the LM head and the loss over ``target``; a micro batch of 8 makes the
+    activations the peak. Within the same few % as the equal-length step, where counting the
+    targets as long as the inputs overestimates 128 / 32 by about half."""
+    measured, predicted = whole_step_peaks("t5", monkeypatch, micro=8, seq=seq, target_len=target)
+    error = predicted / measured - 1
+    print(f"t5 {seq}/{target}: measured {measured:,} predicted {predicted:,} ({error:+.1%})")
     assert predicted == pytest.approx(measured, rel=0.03)

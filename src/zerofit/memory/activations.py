@@ -11,6 +11,7 @@ linear layer computes in ``a``). All functions return bytes.
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 
@@ -73,11 +74,19 @@ def traced_layer(model, a: int, attention: str = "sdpa", residual: int | None = 
 
 
 def is_encoder_decoder(model) -> bool:
-    """Whether ``model`` is an encoder-decoder (T5), whose targets may be shorter than its
-    inputs (``LayerBatch.target_len``)."""
-    from zerofit.memory.layer_trace import is_encoder_decoder as config_is_encoder_decoder
+    """Whether ``model`` is an encoder-decoder (T5, BART), whose targets may be shorter than its
+    inputs (``LayerBatch.target_len``): its config.json's ``is_encoder_decoder`` (what
+    ``save_pretrained`` writes for T5, as it differs from ``PreTrainedConfig``'s default), else
+    its config class's (transformers' ``CONFIG_MAPPING``, imported only then)."""
+    config = json.loads(getattr(model, "config_json", "") or "{}")
+    if "is_encoder_decoder" in config or "model_type" not in config:
+        return bool(config.get("is_encoder_decoder", False))
+    try:
+        from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
-    return config_is_encoder_decoder(getattr(model, "config_json", ""))
+        return bool(getattr(CONFIG_MAPPING[config["model_type"]](), "is_encoder_decoder", False))
+    except (ImportError, KeyError):  # no transformers, or a remote-code model type
+        return False
 
 
 def traced_encoder_decoder_layer(model, a: int, attention: str, residual: int | None = None):

@@ -277,21 +277,6 @@ def _own_scores(second: list[float], short: int, long: int) -> tuple[float, floa
     return (both + apart) / 2, (both - apart) / 2, cross
 
 
-def is_encoder_decoder(config_json: str) -> bool:
-    """Whether the config.json text describes an encoder-decoder (T5, BART...): its own
-    ``is_encoder_decoder``, else its config class's default (``T5Config`` sets it True; imports
-    transformers only then)."""
-    config = json.loads(config_json) if config_json else {}
-    if "is_encoder_decoder" in config:
-        return bool(config["is_encoder_decoder"])
-    if "model_type" not in config:
-        return False
-    try:
-        return bool(getattr(_model_config(config), "is_encoder_decoder", False))
-    except Exception:  # an unknown model type (remote code): not one transformers builds as such
-        return False
-
-
 def _implementation(model_class, attention: str) -> str:
     """The attention implementation to trace for the user's ``attention``: transformers runs eager
     for a model class without the kernel asked for (sdpa: its default when the class has no sdpa,

@@ -341,6 +341,21 @@ def _grpo(answers: dict) -> bool:
     return answers["workload"] == "grpo"
 
 
+def trains_an_encoder_decoder(answers: dict) -> bool:
+    """Ask for the target length only for an encoder-decoder (T5): its decoder and loss run on
+    the targets, often far shorter than the inputs (memory/activations.py
+    ``is_encoder_decoder``). The model question already resolved the model once."""
+    from zerofit.memory.activations import is_encoder_decoder
+    from zerofit.models.resolve import model_names, resolve_model  # local: may need transformers
+
+    if answers["model"].lower() in model_names():  # the built-in shapes are decoders
+        return False
+    try:
+        return is_encoder_decoder(resolve_model(answers["model"]))
+    except ZerofitError:
+        return False
+
+
 _STACK_TITLES = {
     "hf": "hf - transformers Trainer, TRL, LLaMA-Factory, axolotl",
     "accelerate": "accelerate - a plain training loop (our recipes)",
@@ -611,6 +626,16 @@ def workload_questions(base: Answers) -> tuple[Question, ...]:
             validate=_validate_seq_len,
             convert=int,
             label="sequence length (seq_len)",
+        ),
+        Question(
+            "target_len",
+            "text",
+            "Target length in tokens (the decoder's and the loss's; blank: the sequence length)",
+            base.target_len,
+            when=trains_an_encoder_decoder,
+            validate=int_text(1, 1 << 20, blank_ok=True),
+            convert=_optional_int,
+            label="target length (target_len)",
         ),
         Question(
             "global_batch",
