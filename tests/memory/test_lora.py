@@ -231,6 +231,136 @@ def test_saved_activations_with_adapters(dropout, input_grads, targets):
     assert predicted == pytest.approx(measured, rel=0.03)
 
 
+# (targets, dropout, input grads): per-module dropout copies and shared norm outputs, a group
+# left untargeted (attention: the MLP's inputs), and the first layer without input grads
+ZERO3_CASES = [
+    ("all-linear", 0.05, False),
+    ("all-linear", 0.0, True),
+    ("attention", 0.05, True),
+    ("q_proj,v_proj,down_proj", 0.0, False),
+]
+
+
+@pytest.fixture(scope="module")
+def zero3_saved():
+    """tests/scripts/zero3_lora_saved_probe.py run once for ZERO3_CASES (one process, one rank
+    over gloo): the saved bytes of each peft model's forward, plain and under ZeRO-3."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    pytest.importorskip("deepspeed")
+    from conftest import find_free_port
+
+    root = Path(__file__).resolve().parents[2]
+    cases = []
+    for targets, dropout, input_grads in ZERO3_CASES:
+        peft_targets = targets if targets == "all-linear" else targets.split(",")
+        if targets == "attention":
+            peft_targets = list(lora.ATTENTION_MODULES)
+        cases.append({"targets": peft_targets, "dropout": dropout, "input_grads": input_grads})
+    spec = {"shape": SHAPE, "micro": MICRO, "seq": SEQ, "cases": cases}
+    env = dict(
+        os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1", MASTER_PORT=str(find_free_port())
+    )
+    script = root / "tests" / "scripts" / "zero3_lora_saved_probe.py"
+    done = subprocess.run(
+        [sys.executable, str(script), json.dumps(spec)],
+        cwd=root, env=env, capture_output=True, text=True, timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])["results"]
+
+
+@pytest.mark.parametrize("index", range(len(ZERO3_CASES)))
+def test_zero3_frozen_linears_save_their_inputs(zero3_saved, index):
+    """DeepSpeed ZeRO-3 (the real engine on one CPU rank) replaces F.linear with
+    zero3_linear_wrap, whose LinearFunctionForZeroStage3 saves every base layer's input: the
+    forward saves lora.zero3_base_input_per_token per layer (the norms' outputs where no
+    lora_A saves them, down_proj's input; o_proj's shares the attention kernel's output), the
+    LM head's input, less the first layer's q/k/v input when that layer needs no input grad,
+    beyond what the same model saves with torch's own linear; and in all what the adapter
+    formulas predict for stage 3, within 3 %."""
+    targets, dropout, input_grads = ZERO3_CASES[index]
+    result = zero3_saved[index]
+    assert result["wrapped"], "zero.Init left torch's own F.linear in place"
+    spec, tokens = _spec(), MICRO * SEQ
+    setup = TrainSetup(
+        stage=3,
+        stack="deepspeed",
+        finetuning="lora",
+        lora_rank=8,
+        lora_targets=targets,
+        lora_dropout=dropout,
+        gradient_checkpointing=input_grads,  # checkpointing is what turns input grads on
+        precision="fp32",
+    )
+    plain_setup = dataclasses.replace(setup, stage=2)
+    layer_term = lora.zero3_base_input_per_token(spec, setup, 4, 4)
+    head = 4 * SHAPE["hidden_size"]
+    first = lora.zero3_first_layer_saving_per_token(spec, setup)
+    predicted_increase = (spec.num_layers * layer_term + head - first) * tokens
+    increase = result["zero3"] - result["plain"]
+    batch = act.LayerBatch(MICRO, SEQ, "sdpa", 4)
+    full = act.stored_activation_bytes(spec, 4, batch, False)
+
+    def adapter_total(chosen) -> int:
+        layer = lora.adapter_layer_delta_per_token(spec, chosen, 4, 4, mask_bytes=4)
+        final = lora.adapter_final_delta_per_token(spec, chosen, 4, 4, "hf")
+        first_layer = lora.first_layer_saving_per_token(spec, chosen, mask_bytes=4)
+        return full + (spec.num_layers * layer + final - first_layer) * tokens
+
+    print(f"ZeRO-3 {targets} dropout {dropout} input grads {input_grads}: plain "
+          f"{result['plain']:,} zero3 {result['zero3']:,}; increase {increase:,} predicted "
+          f"{predicted_increase:,}; total predicted {adapter_total(setup):,} "
+          f"({adapter_total(setup) / result['zero3'] - 1:+.2%})")
+    assert predicted_increase == pytest.approx(increase, rel=0.03)
+    assert adapter_total(setup) == pytest.approx(result["zero3"], rel=0.03)
+    assert adapter_total(plain_setup) == pytest.approx(result["plain"], rel=0.03)
+
+
+def test_4bit_layers_save_no_input_under_zero3s_linear():
+    """bitsandbytes' Linear4bit multiplies through matmul_4bit (MatMul4Bit keeps only the
+    packed weight), not F.linear: with DeepSpeed's zero3_linear_wrap in place of F.linear it
+    saves no input, where a frozen 16-bit nn.Linear saves its input (lora.py:
+    zero3_base_input_per_token adds nothing for QLoRA's layers, only its 16-bit LM head)."""
+    torch = pytest.importorskip("torch")
+    bnb = pytest.importorskip("bitsandbytes")
+    pytest.importorskip("deepspeed")
+    from deepspeed.runtime.zero.linear import zero3_linear_wrap
+
+    fan_in, fan_out, tokens = 256, 512, 300
+    layer = bnb.nn.Linear4bit(fan_in, fan_out, bias=False, compute_dtype=torch.float32)
+    layer.weight = bnb.nn.Params4bit(
+        torch.randn(fan_out, fan_in), requires_grad=False, quant_type="nf4"
+    )._quantize("cpu")
+    frozen = torch.nn.Linear(fan_in, fan_out, bias=False).requires_grad_(False)
+    x = torch.randn(tokens, fan_in, requires_grad=True)
+    weights = {layer.weight.untyped_storage().data_ptr(), frozen.weight.data_ptr()}
+
+    def saved_input_bytes(module) -> int:
+        saved = []
+
+        def pack(tensor):
+            if tensor.untyped_storage().data_ptr() not in weights:
+                saved.append(tensor.numel() * tensor.element_size())
+            return tensor
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+            module(x)
+        return sum(saved)
+
+    torch_linear = torch.nn.functional.linear
+    torch.nn.functional.linear = zero3_linear_wrap
+    try:
+        four_bit, sixteen_bit = saved_input_bytes(layer), saved_input_bytes(frozen)
+    finally:
+        torch.nn.functional.linear = torch_linear
+    assert (four_bit, sixteen_bit) == (0, x.numel() * 4)
+
+
 def test_dequantized_weight_is_the_4bit_matmuls_temporary():
     """bitsandbytes' Linear4bit forward and input-gradient matmul on CPU (MemTracker): beyond
     the input's grad, one dequantized weight (and its fp32 absmax) is alive."""

@@ -49,6 +49,7 @@ LAYER_ALIASES = {
 _MODULE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*$")
 
 FP32 = 4
+COMPUTE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}  # the precision's element size
 NF4_BLOCK = 64  # quantize_4bit's default blocksize (BitsAndBytesConfig leaves it)
 ABSMAX_BLOCK = 256  # quantize_blockwise(blocksize=256) of the absmax under double quantization
 # per quantized tensor: the NF4 code (get_4bit_type: 16 fp32), the absmax code
@@ -423,20 +424,118 @@ def adapter_layer_delta_per_token(
         delta -= a * model.intermediate_size
     if setup.lora_dropout > 0:
         delta += mask_bytes * sum(fan_in for fan_in, _ in targets.values())
+    delta += zero3_base_input_per_token(model, setup, a, residual)
     return delta + a * setup.lora_rank * len(targets)
+
+
+# --- ZeRO-3's memory-efficient linear -------------------------------------------------------------
+def frozen_linears_save_inputs(setup) -> bool:
+    """Every 16-bit ``nn.Linear`` saves its input for backward, frozen or not: DeepSpeed ZeRO-3.
+
+    ``zero.Init`` (``deepspeed/runtime/zero/partition_parameters.py``) calls
+    ``_enable_mem_efficient_linear`` while the ZeRO config's ``memory_efficient_linear`` is on
+    (``runtime/zero/config.py``: default True; zerofit's JSON leaves it), from ``Init.__init__``
+    for ``Init(module=...)`` (what ``deepspeed.initialize`` runs on a model loaded whole:
+    ``parameter_offload.py:_convert_to_zero_parameters``) and when transformers builds the model
+    inside ``zero.Init``. It sets ``torch.nn.functional.linear = zero3_linear_wrap`` and never puts
+    it back, so ``nn.Linear.forward``'s ``F.linear`` call runs
+    ``LinearFunctionForZeroStage3`` (``runtime/zero/linear.py``), whose ``setup_context`` calls
+    ``ctx.save_for_backward(input, weight, bias)`` whatever needs a gradient. Autograd keeps
+    them whenever some input requires grad (a function none of whose inputs does is not
+    recorded). torch's own linear saves a frozen weight's input for nothing."""
+    return setup.stage == 3 and is_adapter(setup)
+
+
+def _group_input_saved_anyway(chosen: list[str], per_module: bool) -> bool:
+    """The input a group of linear layers reads is already saved without ZeRO-3: ``lora_A`` of
+    a targeted module saves ``x`` itself when no dropout or cast copies it per module."""
+    return bool(chosen) and not per_module
+
+
+def zero3_base_input_per_token(model, setup, a: int, residual: int) -> int:
+    """Per token and decoder layer, what ZeRO-3's ``LinearFunctionForZeroStage3`` adds by
+    saving the input of every frozen 16-bit base layer (``frozen_linears_save_inputs``), beyond
+    what ``adapter_layer_delta_per_token`` counts without it. A saved tensor costs nothing when
+    its storage is saved already, so per input the layers read:
+
+    - the attention norm's output (q/k/v) and the MLP norm's (gate/up): ``a * hidden`` each,
+      unless a targeted module's ``lora_A`` saves that very tensor (no dropout:
+      ``nn.Identity`` returns ``x``; with dropout each module saves its own dropped copy and
+      the norm's output is then new);
+    - ``down_proj``'s input, the gated product: ``a * intermediate`` unless ``lora_A`` of a
+      targeted ``down_proj`` saves it itself (``act_fn(gate) * up`` saves its operands, not
+      its output);
+    - ``o_proj``'s input: nothing. It is the attention kernel's output, which the kernel saves
+      for its own backward: the CUDA flash and memory-efficient kernels write it as (batch,
+      seq, heads, dim) and return a transposed view (``aten/src/ATen/native/transformers/cuda/
+      attention.cu``: ``_scaled_dot_product_flash_attention_cuda`` returns
+      ``attention.view({batch, q_len, heads, dim}).transpose(1, 2)``, the efficient kernel
+      allocates ``res`` as ``{B, M, num_heads, Kv}`` and returns ``attention.transpose(1,
+      2)``), so transformers' ``attn_output.transpose(1, 2).contiguous()``
+      (``integrations/sdpa_attention.py``) and the attention's ``reshape(...).contiguous()``
+      are views of that storage; the CPU flash kernel lays it out the same way (checked by the
+      probe, tests/memory/test_lora.py). ``activations.layer_bytes_per_token`` counts the same
+      sharing for a full fine-tune.
+
+    QLoRA's 4-bit layers add nothing: bitsandbytes' ``Linear4bit.forward`` calls
+    ``bnb.matmul_4bit`` (``MatMul4Bit``, which keeps only the packed weight; its dequantizing
+    fallback calls ``F.linear`` inside the Function's forward, where grad mode is off). A full
+    fine-tune saves these inputs anyway (no adapters: this is never added there)."""
+    if not frozen_linears_save_inputs(setup) or setup.finetuning != "lora":
+        return 0
+    h = model.hidden_size
+    layer = layer_linear_shapes(model)
+    targets = {
+        name: shape
+        for name, shape in targeted_modules(model, setup.lora_targets).items()
+        if not _is_outside(name)
+    }
+    per_module = copies_each_input(setup, a) or residual != a
+    extra = 0
+    for group in (ATTENTION_INPUT_GROUP, MLP_INPUT_GROUP):
+        chosen = [name for name in group if name in targets]
+        exists = chosen or any(name in layer for name in group)
+        if exists and not _group_input_saved_anyway(chosen, per_module):
+            extra += a * h
+    if "down_proj" in layer:
+        chosen = ["down_proj"] if "down_proj" in targets else []
+        if not _group_input_saved_anyway(chosen, per_module):
+            extra += a * model.intermediate_size
+    return extra
+
+
+def zero3_first_layer_saving_per_token(model, setup) -> int:
+    """The first layer's q/k/v base layers save nothing under ZeRO-3 when that layer's input
+    needs no grad (``first_layer_input_grad``): their input (the norm of the frozen
+    embedding's output) and weights need no grad, so autograd does not record
+    ``LinearFunctionForZeroStage3`` there. Under DeepSpeed the residual stream is in the
+    compute dtype (the engine casts the module)."""
+    if first_layer_input_grad(setup) or not frozen_linears_save_inputs(setup):
+        return 0
+    if setup.finetuning != "lora":
+        return 0
+    a = COMPUTE_BYTES[setup.precision]
+    targets = targeted_modules(model, setup.lora_targets)
+    chosen = [name for name in ATTENTION_INPUT_GROUP if name in targets]
+    if _group_input_saved_anyway(chosen, copies_each_input(setup, a)):
+        return 0
+    return a * model.hidden_size
 
 
 def adapter_final_delta_per_token(model, setup, residual: int, a: int, loss_path: str) -> int:
     """The final norm's normalised tensor is not saved (frozen weight), nor is the LM head's
     input where the head is a frozen ``nn.Linear`` (the HF loss and TRL's log-prob path; TRL's
-    fused head and Liger save the hidden states themselves)."""
+    fused head and Liger save the hidden states themselves), except under ZeRO-3."""
     from zerofit.memory.activations import LLAMA_NORMS, NORM_LAYOUTS
 
     layout = NORM_LAYOUTS.get(model.architecture, LLAMA_NORMS)
     normalised = FP32 if layout.fp32_weight else residual
     delta = -normalised * model.hidden_size
     head_targeted = "lm_head" in targeted_modules(model, setup.lora_targets)
-    if loss_path in ("hf", "trl_logps") and not head_targeted:
+    # under ZeRO-3 the frozen 16-bit head saves its input like every nn.Linear (LoRA and QLoRA:
+    # the head is no Linear4bit), see frozen_linears_save_inputs
+    head_saves = frozen_linears_save_inputs(setup)
+    if loss_path in ("hf", "trl_logps") and not head_targeted and not head_saves:
         delta -= a * model.hidden_size
     return delta
 
@@ -464,7 +563,8 @@ def first_layer_saving_per_token(
     """Bytes per token the first layer does not save when its input needs no grad
     (``first_layer_input_grad``): the fp32 copy its input norm's ``pow`` would keep, and the
     dropout masks of the modules that read that norm (q/k/v: nothing asks for their input's
-    gradient, so the multiply by the mask keeps nothing)."""
+    gradient, so the multiply by the mask keeps nothing), and under ZeRO-3 the input its q/k/v
+    base layers would save (``zero3_first_layer_saving_per_token``)."""
     if first_layer_input_grad(setup):
         return 0
     saving = FP32 * model.hidden_size
@@ -472,7 +572,7 @@ def first_layer_saving_per_token(
         targets = targeted_modules(model, setup.lora_targets)
         readers = [name for name in ATTENTION_INPUT_GROUP if name in targets]
         saving += mask_bytes * model.hidden_size * len(readers)
-    return saving
+    return saving + zero3_first_layer_saving_per_token(model, setup)
 
 
 def dequantized_weight_bytes(model, setup, a: int) -> int:
