@@ -283,6 +283,34 @@ def test_deeply_nested_config_files_are_one_line(capsys, tmp_path, name, flag, c
     assert flag in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
 
 
+def test_target_len_flag_reaches_a_t5_estimate_and_is_refused_for_a_decoder(capsys, tmp_path):
+    """``--target-len``: T5's decoder and loss over its targets, fewer bytes and FLOPs than
+    targets as long as the inputs; it round-trips through answers.yaml (``config --out``'s
+    file read back with ``--answers``); a decoder-only model refuses it in one line."""
+    from transformers import T5Config
+
+    from zerofit.planning.answers import Answers, load_answers, render_answers
+
+    T5Config(d_model=768, d_kv=64, d_ff=3072, num_layers=12, num_heads=12).save_pretrained(tmp_path)
+    base = ["estimate", "--model", str(tmp_path / "config.json"), "--seq-len", "512"]
+    base += ["--micro-batch", "16", "--json"]
+    same = _json(capsys, base)
+    short = _json(capsys, base + ["--target-len", "128"])
+    assert short["peak_gib"] < same["peak_gib"] - 1
+    assert short["time_breakdown"]["compute_s"] < 0.8 * same["time_breakdown"]["compute_s"]
+    # targets as long as the inputs: today's estimate, byte for byte
+    assert _json(capsys, base + ["--target-len", "512"]) == same
+    answers_file = tmp_path / "answers.yaml"
+    answers_file.write_text(render_answers(Answers(model=base[2], seq_len=512, target_len=128)))
+    assert load_answers(answers_file.read_text()).target_len == 128
+    from_file = _json(capsys, ["estimate", "--answers", str(answers_file)] + base[5:])
+    assert from_file["peak_gib"] == short["peak_gib"]
+    assert main(["estimate", "--model", "qwen2.5-0.5b", "--target-len", "128"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("zerofit: error: target_len: applies to encoder-decoder models only")
+    assert "Traceback" not in err and len(err.splitlines()) == 1
+
+
 def test_new_stack_flags_reach_the_estimate(capsys):
     base = [
         "estimate",

@@ -257,8 +257,9 @@ def test_a_whole_step_with_the_traced_layer_matches_torch(family, monkeypatch):
 def test_t5_with_shorter_targets_matches_torch(seq, target, monkeypatch):
     """T5 with its own target length (``TrainSetup.target_len``): the encoder over ``seq``
     tokens, the decoder, the LM head and the loss over ``target``; a micro batch of 8 makes the
-    activations the peak. Within the same few % as the equal-length step, where counting the
-    targets as long as the inputs overestimates 128 / 32 by about half."""
+    activations the peak. Within the same few % as the equal-length step (a ``target_len`` equal
+    to ``seq_len`` is that step's count), where counting the targets as long as the inputs
+    overestimates 128 / 32 by about half."""
     measured, predicted = whole_step_peaks("t5", monkeypatch, micro=8, seq=seq, target_len=target)
     error = predicted / measured - 1
     print(f"t5 {seq}/{target}: measured {measured:,} predicted {predicted:,} ({error:+.1%})")

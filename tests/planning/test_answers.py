@@ -92,6 +92,8 @@ def test_bounds_leave_room_for_real_jobs():
             "not NVIDIA A100",
         ),
         ({"gpu_per_node": 8}, "gpu_per_node: is not a known answer"),
+        ({"target_len": 0}, "target_len: 0 must be a positive integer (fix: set target_len to 1"),
+        ({"target_len": 2**21}, "target_len: 2097152 is above the limit of 1048576"),
     ],
 )
 def test_bad_answers_are_one_line_errors_naming_field_and_fix(changes, message):

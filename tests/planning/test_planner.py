@@ -36,6 +36,22 @@ def test_the_network_is_the_catalogs_unless_the_answers_say_otherwise():
     assert (measured.intra_source, measured.inter_source) == ("given", "given")
 
 
+def test_a_target_length_for_a_decoder_only_model_is_refused_in_one_line():
+    """``target_len`` is an encoder-decoder's; plan and estimate refuse it for any other model
+    instead of counting a length the model never sees."""
+    from zerofit.planning.report import build_estimate_report
+
+    answers = Answers(model="qwen2.5-0.5b", target_len=128)
+    for run in (plan, build_estimate_report):
+        with pytest.raises(ZerofitError) as refused:
+            run(answers)
+        assert refused.value.render() == (
+            "target_len: applies to encoder-decoder models only (T5); qwen2.5-0.5b (qwen2) "
+            "reads one sequence (fix: drop --target-len; a decoder-only model's prompt and "
+            "answer are both in --seq-len)"
+        )
+
+
 def test_nvlink_on_a_card_without_it_is_refused_naming_the_fix():
     with pytest.raises(ZerofitError, match="interconnect: .*has no NVLink.*--interconnect pcie"):
         plan(Answers(gpu="L40S", gpus_per_node=2, interconnect="nvlink"), model=QWEN25_7B)

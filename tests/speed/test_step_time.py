@@ -358,3 +358,25 @@ def test_flash_attention_3_speeds_hopper_attention_only():
         flash3 = estimate_step_time(fa3, MODEL, gpu).total_s
         flash2 = estimate_step_time(long, MODEL, gpu).total_s
         assert (flash3 < flash2) if faster else (flash3 == flash2)
+
+
+def test_an_encoder_decoders_step_counts_its_decoder_over_the_targets():
+    """``TrainSetup.target_len`` reaches the FLOPs (speed/flops.py ``decoder_len``): T5's
+    compute time is its step FLOPs at that target length over the same rate, and targets as
+    long as the inputs are the step without it."""
+    from model_families import family_config_json
+
+    from zerofit.models.resolve import spec_from_config
+    from zerofit.speed.flops import estimate_step_flops
+
+    t5 = spec_from_config(family_config_json("t5-v1.1"), "t5-v1.1")
+    setup = TrainSetup(stage=2, micro_batch=4, seq_len=512)
+    same = estimate_step_time(setup, t5, H100)
+    short = estimate_step_time(dataclasses.replace(setup, target_len=128), t5, H100)
+    flops = [
+        estimate_step_flops(t5, seq_len=512, sequences=4, decoder_len=length).total
+        for length in (None, 128)
+    ]
+    assert short.compute_s / same.compute_s == pytest.approx(flops[1] / flops[0], rel=1e-9)
+    assert flops[1] < flops[0]
+    assert estimate_step_time(dataclasses.replace(setup, target_len=512), t5, H100) == same

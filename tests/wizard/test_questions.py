@@ -51,6 +51,7 @@ def test_order_follows_the_issue():
         "num_generations",
         "completion_len",
         "seq_len",
+        "target_len",
         "global_batch",
         "precision",
         "stack",
@@ -164,6 +165,20 @@ def test_model_validation(tmp_path):
     assert v(str(tmp_path / "missing" / "config.json"), {}).startswith("no such file or directory")
     assert v("my model", {}) == "no spaces in a model reference"
     assert v("", {}).startswith("enter a built-in name")
+
+
+def test_target_len_is_asked_for_encoder_decoders_only(tmp_path):
+    """T5's targets have their own length (the decoder's and the loss's); a decoder reads one
+    sequence. Blank keeps the sequence length."""
+    from transformers import T5Config
+
+    T5Config(d_model=64, d_kv=16, d_ff=128, num_layers=2, num_heads=4).save_pretrained(tmp_path)
+    q = qmap()["target_len"]
+    assert q.when(answers(model=str(tmp_path / "config.json"))) is True
+    assert q.when(answers(model="qwen2.5-0.5b")) is False
+    assert q.validate("", {}) is True and q.convert("") is None
+    assert q.validate("128", {}) is True and q.convert("128") == 128
+    assert q.validate("0", {}) is not True
 
 
 def test_seq_len_must_leave_room_for_the_prompt_in_grpo():

@@ -103,6 +103,12 @@ class TrainSetup:
         return {**deepspeed_default_buckets(), **ds_bucket_sizes(hidden_size, self.stage)}
 
     @property
+    def own_target_len(self) -> int | None:
+        """``target_len`` where it differs from ``seq_len``; None: the targets are as long as
+        the inputs, the equal-length layer's count (``activations.LayerBatch``)."""
+        return None if self.target_len == self.seq_len else self.target_len
+
+    @property
     def uses_reference(self) -> bool:
         """A reference model is loaded (TRL: dpo always, grpo when beta > 0) unless its log-probs
         were precomputed (``DPOTrainer.__init__`` sets ``ref_model = None`` then)."""
@@ -274,7 +280,7 @@ def activation_bytes(model, setup: TrainSetup, sizes: StepSizes) -> ActivationBy
     compute, residual = sizes.compute_bytes, sizes.residual_bytes
     tokens, sequences = sizes.tokens, sizes.sequences
     batch = act.LayerBatch(
-        sequences, setup.seq_len, setup.attention, residual, setup.padded, setup.target_len
+        sequences, setup.seq_len, setup.attention, residual, setup.padded, setup.own_target_len
     )
     if lora.is_adapter(setup):
         return adapter_activation_bytes(model, setup, sizes, batch)
