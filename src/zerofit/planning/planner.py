@@ -160,10 +160,16 @@ class PlanInputs:
         )
 
 
+def takes_target_len(model) -> bool:
+    """Whether ``model`` has targets of their own length: an encoder-decoder (T5), whose decoder
+    and loss run on them (memory/activations.py ``is_encoder_decoder``)."""
+    return is_encoder_decoder(model)
+
+
 def check_target_len(model, answers: Answers) -> None:
     """``target_len`` is an encoder-decoder's (T5's) target length: any other model reads one
     sequence, whose length is ``seq_len``."""
-    if answers.target_len is not None and not is_encoder_decoder(model):
+    if answers.target_len is not None and not takes_target_len(model):
         raise ZerofitError(
             "target_len",
             f"applies to encoder-decoder models only (T5); {model.name} ({model.architecture}) "

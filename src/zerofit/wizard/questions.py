@@ -343,15 +343,15 @@ def _grpo(answers: dict) -> bool:
 
 def trains_an_encoder_decoder(answers: dict) -> bool:
     """Ask for the target length only for an encoder-decoder (T5): its decoder and loss run on
-    the targets, often far shorter than the inputs (memory/activations.py
-    ``is_encoder_decoder``). The model question already resolved the model once."""
-    from zerofit.memory.activations import is_encoder_decoder
+    the targets, often far shorter than the inputs (planner.takes_target_len). The model
+    question already resolved the model once."""
     from zerofit.models.resolve import model_names, resolve_model  # local: may need transformers
+    from zerofit.planning.planner import takes_target_len
 
     if answers["model"].lower() in model_names():  # the built-in shapes are decoders
         return False
     try:
-        return is_encoder_decoder(resolve_model(answers["model"]))
+        return takes_target_len(resolve_model(answers["model"]))
     except ZerofitError:
         return False
 
