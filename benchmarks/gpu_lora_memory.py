@@ -7,8 +7,9 @@ adds all-linear r 16 adapters (dropout 0.05); three steps run, with and without 
 checkpointing (``use_reentrant=False`` plus ``enable_input_require_grads``, as peft and TRL
 enable it), at two sequence lengths. The peak of steps 2-3 (``torch.cuda.max_memory_allocated``
 / ``_reserved``) is printed as one JSON line per case with zerofit's estimate for the matching
-``TrainSetup`` (``peak_bytes``, and it plus the allocator term for reserved). ``--stack`` picks
-the training stack (a comma list runs several):
+``TrainSetup`` (``peak_bytes`` plus the cuBLAS workspaces that ``max_memory_allocated`` holds
+beside the step's tensors, ``memory/overheads.py:cublas_workspace_bytes``, and that plus the
+allocator term for reserved). ``--stack`` picks the training stack (a comma list runs several):
 
 - ``plain`` (the default; tests/data/gpu_lora_memory_h200.jsonl): a loop without autocast and
   ``torch.optim.AdamW(foreach=True)``, peft's fp32 adapters kept; one QLoRA case pair also runs
@@ -335,14 +336,30 @@ def estimate_setup(row: dict, bf16: bool):
     )
 
 
+def cublas_bytes(row: dict) -> int:
+    """The cuBLAS workspaces a GPU row's ``max_memory_allocated`` holds beside the step's tensors
+    (memory/overheads.py ``cublas_workspace_bytes``: two threads, 33 MiB each on Hopper); none
+    on the CPU."""
+    from zerofit.memory.overheads import cublas_workspace_bytes
+
+    if row.get("device") != "cuda":
+        return 0
+    gpu = row.get("gpu") or ""
+    return cublas_workspace_bytes(hopper=any(name in gpu for name in ("H100", "H200", "H800")))
+
+
 def zerofit_estimate(row: dict, shape: dict, bf16: bool) -> dict:
-    """zerofit's estimate of the case: allocated peak, reserved = peak + allocator."""
+    """zerofit's estimate of the case: allocated = the estimate's peak plus the cuBLAS
+    workspaces (``est_cublas``), reserved = that plus the allocator term."""
     from zerofit.memory.estimate import estimate_memory
     from zerofit.models.resolve import spec_from_config
 
     spec = spec_from_config({**shape, "model_type": "qwen2"}, "gpu-lora")
     est = estimate_memory(spec, estimate_setup(row, bf16))
-    out = {"est_allocated": est.peak_bytes, "est_reserved": est.peak_bytes + est.allocator_bytes}
+    workspaces = cublas_bytes(row)
+    allocated = est.peak_bytes + workspaces
+    out = {"est_allocated": allocated, "est_reserved": allocated + est.allocator_bytes}
+    out["est_cublas"] = workspaces
     out["est_phase"] = est.phase
     if "max_allocated" in row:
         out["err_allocated"] = round(est.peak_bytes / row["max_allocated"] - 1, 4)

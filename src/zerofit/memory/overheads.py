@@ -1,4 +1,27 @@
-"""GPU memory a training process holds outside ``torch.cuda.max_memory_allocated()``.
+"""GPU memory a training process holds outside ``torch.cuda.max_memory_allocated()``, and the
+cuBLAS workspaces, which it holds inside it.
+
+- **cuBLAS workspaces** (inside the caching allocator, so inside ``max_memory_allocated``):
+  PyTorch gives each cuBLAS handle and stream its own workspace, taken from the caching
+  allocator (``aten/src/ATen/cuda/CublasHandlePool.cpp``: ``setWorkspaceForHandle`` /
+  ``getNewWorkspace`` call ``CUDACachingAllocator::get()->allocate``; allocating it there, not
+  letting cuBLAS ``cudaMallocAsync`` outside, is deliberate, see the comment in
+  ``getCurrentCUDABlasHandle``). Its size is ``CUBLAS_WORKSPACE_CONFIG``, by default
+  ``:4096:8`` (32 MiB) on Hopper (sm90) and ``:4096:2:16:8`` (8.125 MiB) elsewhere
+  (``parseChosenWorkspaceSize``), plus a separate cuBLASLt workspace per handle and stream
+  (``getCUDABlasLtWorkspace``, ``CUBLASLT_WORKSPACE_SIZE`` default 1024 KiB; shared with the
+  cuBLAS one only under ``TORCH_CUBLASLT_UNIFIED_WORKSPACE=1``). Handles are per thread, and a
+  training step multiplies on two: the forward on the caller's thread, the backward on
+  autograd's device thread. Two times 33 MiB is the 69,206,016 bytes every H100 process of
+  benchmarks/gpu_lora_memory.py kept allocated after its first step
+  (tests/data/gpu_lora_memory_h100_stacks.jsonl, ``start_allocated``), and what the nine H100
+  calibration points are under (tests/memory/test_estimate.py: 0.063-0.066 GiB,
+  one 0.090).
+  ``cublas_workspace_bytes`` gives it; the estimate's ``peak_bytes`` does not include it yet
+  (its breakdown is the step's own tensors, which the CPU probes measure), the GPU benchmarks
+  add it where they compare with ``max_memory_allocated``, and the safety margin covers it in
+  the verdict. The CUDA-context term below is measured beyond ``max_memory_reserved``, so it
+  does not count these workspaces a second time.
 
 - **CUDA context**: driver/runtime state and kernel images. Measured on the calibration H100
   (tests/data/mem_h100_qwen2.5-0.5b.jsonl, torch 2.11 + CUDA 13, DeepSpeed 0.19.8): 0.514 GiB
@@ -56,9 +79,18 @@ NCCL_LL_BUFFSIZE = 8 * 512 * 8 * 16
 NCCL_LL128_BUFFSIZE = 120 * 640 * 8 * 8
 # Channels NCCL opens (its topology search): up to 16 rings over NVLink/NVSwitch, a few on PCIe.
 NCCL_CHANNELS = {"nvlink": 16, "pcie": 4}
-# Margin over the sum of every modelled term: cuBLAS/cuDNN workspaces outside the caching
-# allocator, NCCL's NVLS/registration buffers on NVSwitch systems, library version drift.
+# Margin over the sum of every modelled term: the cuBLAS workspaces (below: inside the caching
+# allocator, 66 MiB on Hopper), cuDNN's, NCCL's NVLS/registration buffers on NVSwitch systems,
+# library version drift.
 DEFAULT_SAFETY_MARGIN_GIB = 1.0
+# CublasHandlePool.cpp parseChosenWorkspaceSize: CUBLAS_WORKSPACE_CONFIG's default per handle and
+# stream, ":4096:8" on sm90, ":4096:2:16:8" elsewhere; parseCUDABlasLtWorkspaceSize: 1024 KiB
+CUBLAS_WORKSPACE_HOPPER = 4096 * 8 * 1024
+CUBLAS_WORKSPACE_OTHER = 4096 * 1024 * 2 + 16 * 1024 * 8
+CUBLASLT_WORKSPACE = 1024 * 1024
+# the threads a training step multiplies on: the forward's (the caller's) and autograd's device
+# thread for the backward (each gets its own cuBLAS handle from the per-thread pool)
+CUBLAS_TRAINING_THREADS = 2
 # "reserved by PyTorch but unallocated" in the OOM messages of 24 public training runs, median
 # (tests/data/oom_messages_outside_allocator.jsonl; tests/memory/test_overheads.py derives it)
 FRAGMENTATION_AT_OOM_MEDIAN_GIB = 1.25
@@ -72,6 +104,14 @@ def cuda_context_bytes(stage: int, deepspeed: bool) -> int:
         return CUDA_CONTEXT_BYTES
     key = "zero3" if stage == 3 else "zero0-2"
     return int(CUDA_CONTEXT_IN_DEEPSPEED_TRAINING_GIB[key] * GIB)
+
+
+def cublas_workspace_bytes(hopper: bool = True, threads: int = CUBLAS_TRAINING_THREADS) -> int:
+    """The cuBLAS and cuBLASLt workspaces a training process keeps allocated from its first
+    step on, inside ``max_memory_allocated`` (see the module docstring): one pair per thread
+    that multiplies, 33 MiB each on Hopper (H100, H200), 9.125 MiB on other GPUs."""
+    cublas = CUBLAS_WORKSPACE_HOPPER if hopper else CUBLAS_WORKSPACE_OTHER
+    return threads * (cublas + CUBLASLT_WORKSPACE)
 
 
 def tensors_live_at_peak(model, checkpointing: bool) -> int:
