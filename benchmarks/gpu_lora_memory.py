@@ -417,7 +417,10 @@ def all_cases(args, shape: dict) -> list[dict]:
     """Every case of the chosen stacks, in order; DeepSpeed's carry the bucket sizes they run."""
     cases = []
     for stack in args.stacks:
-        for case in build_cases(args.tiny, stack, args.stage_list)[: args.first]:
+        chosen = build_cases(args.tiny, stack, args.stage_list)[: args.first]
+        if args.cases is not None:
+            chosen = [case for index, case in enumerate(chosen) if index in args.cases]
+        for case in chosen:
             if stack == "deepspeed":
                 case["buckets"] = bucket_sizes(shape["hidden_size"], case["stage"])
             cases.append(case)
@@ -431,6 +434,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--stack", default="plain", help="plain, autocast, deepspeed; a comma list")
     parser.add_argument("--stages", default="2,3", help="deepspeed's ZeRO stages, a comma list")
     parser.add_argument("--first", type=int, help="only each stack's first N cases (dry runs)")
+    parser.add_argument(
+        "--cases",
+        help="only these of each stack's cases, a comma list of 0-based positions (one process "
+        "per case: its peak is its own, and ZeRO-3 engines leave nothing to the next)",
+    )
     parser.add_argument("--out", type=Path, help="also write the JSON lines here")
     parser.add_argument("--annotate", type=Path, help="add estimates to a results file")
     args = parser.parse_args()
@@ -438,6 +446,10 @@ def parse_args() -> argparse.Namespace:
     unknown = [name for name in args.stacks if name not in STACKS]
     if unknown:
         parser.error(f"--stack: unknown {unknown} (fix: one or more of {', '.join(STACKS)})")
+    try:
+        args.cases = None if args.cases is None else {int(i) for i in args.cases.split(",")}
+    except ValueError:
+        parser.error(f"--cases: {args.cases!r} is not a comma list of numbers (fix: --cases 5,6)")
     args.stage_list = tuple(int(stage) for stage in args.stages.split(","))
     if not set(args.stage_list) <= {2, 3}:
         parser.error("--stages: DeepSpeed cases run ZeRO-2 and ZeRO-3 (fix: --stages 2,3)")

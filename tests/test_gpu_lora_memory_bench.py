@@ -43,15 +43,15 @@ def test_the_stored_estimates_are_todays(tmp_path, capsys):
 
 def test_the_stored_stack_estimates_are_todays(tmp_path, capsys):
     """The autocast and DeepSpeed rows measured on an H100 (docs/accuracy.md's second LoRA GPU
-    table) carry the estimates zerofit gives today for their TrainSetup; ZeRO-3 ran 5 of its 8
-    cases before the device call's time limit."""
+    table) carry the estimates zerofit gives today for their TrainSetup; ZeRO-3's last three
+    QLoRA cases ran in a later call, one process each."""
     copy = tmp_path / "stacks.jsonl"
     shutil.copy(STACK_RESULTS, copy)
     BENCH.annotate(copy)
     stored = [json.loads(line) for line in STACK_RESULTS.read_text().splitlines()]
     fresh = [json.loads(line) for line in copy.read_text().splitlines()]
     stacks = [(row["stack"], row["stage"]) for row in stored]
-    assert (stacks.count(("deepspeed", 2)), stacks.count(("deepspeed", 3))) == (8, 5)
+    assert (stacks.count(("deepspeed", 2)), stacks.count(("deepspeed", 3))) == (8, 8)
     assert stacks.count(("autocast", 0)) == 8
     for old, new in zip(stored, fresh, strict=True):
         assert old["gpu"] == "NVIDIA H100 80GB HBM3" and old["max_allocated"] > 0
@@ -112,3 +112,22 @@ def test_a_deepspeed_zero3_case_runs_on_the_cpu(tmp_path):
     assert row["stack"] == "deepspeed" and row["stage"] == 3 and "error" not in row, row
     assert row["buckets"] == BENCH.bucket_sizes(BENCH.TINY["hidden_size"], 3)
     assert row["trainable_params"] > 0 and row["est_allocated"] > 0, row
+
+
+def test_cases_picks_positions_and_refuses_a_bad_list(tmp_path):
+    """``--cases`` keeps only the listed positions of each stack's cases (what a device call runs
+    one process per case with); a list that is not numbers is refused in one line."""
+    script = ROOT / "benchmarks" / "gpu_lora_memory.py"
+    bad = subprocess.run(
+        [sys.executable, str(script), "--cases", "five"], capture_output=True, text=True
+    )
+    assert bad.returncode == 2 and "--cases: 'five' is not a comma list" in bad.stderr
+    assert "Traceback" not in bad.stderr
+    args = type("Args", (), {"stacks": ["deepspeed"], "tiny": True, "stage_list": (3,)})()
+    args.first, args.cases = None, {5, 6, 7}
+    picked = BENCH.all_cases(args, BENCH.TINY)
+    assert [(c["finetuning"], c["checkpointing"], c["seq"]) for c in picked] == [
+        ("qlora", True, 128),
+        ("qlora", False, 64),
+        ("qlora", False, 128),
+    ]
