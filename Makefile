@@ -57,7 +57,7 @@ test: export TORCH_EXTENSIONS_DIR ?= $(EXTENSIONS_DIR)
 test: $(STAMP) cluster-deps
 	.venv/bin/ruff check .
 	$(PY) tests/warm_ops.py
-	$(PY) -m pytest -q -p no:cacheprovider --durations=25
+	$(PY) tests/run_suite.py
 
 bench: $(STAMP)
 	$(PY) benchmarks/cli_startup.py

@@ -367,6 +367,7 @@ def load_real_cluster():
     return module
 
 
+@pytest.mark.exclusive  # a rate within 15 %: nothing else may compete for the CPU
 def test_shaped_link_between_namespaces_measures_its_rate(tmp_path: Path) -> None:
     """Node 0 and node 1 in their own network namespaces; tc's token bucket limits each side's
     sending to 200 Mbit/s. The ring measures both directions at once, so each carries the other's

@@ -28,7 +28,7 @@ from real_cluster import kill_pids, ns_pids, wait_until
 
 from zerofit.cli.main import main
 
-pytestmark = pytest.mark.distributed
+pytestmark = [pytest.mark.distributed, pytest.mark.light]
 pytest_plugins = ["real_cluster"]  # its fixtures: the cluster, ssh hosts, tool PATH
 REPO = Path(__file__).resolve().parents[2]
 GRPO = REPO / "recipes" / "grpo.py"

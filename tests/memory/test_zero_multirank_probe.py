@@ -30,7 +30,7 @@ from pathlib import Path
 import pytest
 from conftest import REPO, find_free_port
 
-pytestmark = pytest.mark.distributed
+pytestmark = [pytest.mark.distributed, pytest.mark.exclusive]
 SCRIPT = REPO / "tests" / "scripts" / "zero_phase_probe.py"
 TOLERANCE = 0.03
 BLOCK = 512  # the probe rounds every storage up to the CUDA caching allocator's block

@@ -224,6 +224,7 @@ def without_process_count(arguments: list[str]) -> list[str]:
 
 
 @pytest.mark.distributed
+@pytest.mark.light
 def test_every_readme_recipe_command_runs(tmp_path):
     cache = stand_in_hub_cache(tmp_path)
     env = {

@@ -229,6 +229,7 @@ def test_concurrent_write_atomic_never_collides(tmp_path):
 
 # ----------------------------------------------------------------------------- two real runs
 @pytest.mark.distributed
+@pytest.mark.light
 def test_two_runs_started_together_on_one_directory(tmp_path):
     """`python recipes/sft.py --output-dir X` twice at once: both used to pass the "not empty"
     check and one died with a raw FileNotFoundError; now one trains and the other stops with

@@ -11,7 +11,10 @@ import os
 import subprocess
 import sys
 
+import pytest
 from conftest import REPO, find_free_port
+
+pytestmark = pytest.mark.exclusive  # compares wall times of engines
 
 
 def run_hook_costs(*arguments: str, timeout: float) -> str:

@@ -21,7 +21,7 @@ import time
 import pytest
 from conftest import load_benchmark
 
-pytestmark = pytest.mark.distributed
+pytestmark = [pytest.mark.distributed, pytest.mark.exclusive]
 LINK = "100mbit"
 CONFIGS = ["zero1", "zero3"]
 RUN_LIMIT_S = 240  # both ranks, every step: generous for a busy machine, bounded all the same
