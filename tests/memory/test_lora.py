@@ -192,6 +192,14 @@ def _second_step_peak(model, ids) -> int:
     return tracker.peak
 
 
+def peft_target_modules(targets: str) -> str | list[str]:
+    """``--lora-targets`` as peft's ``target_modules`` takes it: "all-linear" as is, "attention"
+    as the attention projections, a comma list as a list."""
+    if targets == "attention":
+        return list(lora.ATTENTION_MODULES)
+    return targets if targets == "all-linear" else targets.split(",")
+
+
 @pytest.mark.parametrize("dropout", [0.0, 0.05])
 @pytest.mark.parametrize("input_grads", [False, True])
 @pytest.mark.parametrize("targets", ["all-linear", "attention", "q_proj,v_proj,down_proj"])
@@ -202,10 +210,7 @@ def test_saved_activations_with_adapters(dropout, input_grads, targets):
     fp32 copy. CPU dropout keeps a scaled noise tensor in the input's dtype, not CUDA's
     boolean mask: the delta is taken with that mask size."""
     torch = pytest.importorskip("torch")
-    peft_targets = "all-linear" if targets == "all-linear" else targets.split(",")
-    if targets == "attention":
-        peft_targets = list(lora.ATTENTION_MODULES)
-    model = _peft(_model(), 8, peft_targets, dropout)
+    model = _peft(_model(), 8, peft_target_modules(targets), dropout)
     if input_grads:
         model.enable_input_require_grads()
     ids = torch.randint(0, SHAPE["vocab_size"], (MICRO, SEQ))
@@ -257,10 +262,8 @@ def zero3_saved():
     root = Path(__file__).resolve().parents[2]
     cases = []
     for targets, dropout, input_grads in ZERO3_CASES:
-        peft_targets = targets if targets == "all-linear" else targets.split(",")
-        if targets == "attention":
-            peft_targets = list(lora.ATTENTION_MODULES)
-        cases.append({"targets": peft_targets, "dropout": dropout, "input_grads": input_grads})
+        case = {"targets": peft_target_modules(targets), "dropout": dropout}
+        cases.append(dict(case, input_grads=input_grads))
     spec = {"shape": SHAPE, "micro": MICRO, "seq": SEQ, "cases": cases}
     env = dict(
         os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1", MASTER_PORT=str(find_free_port())
