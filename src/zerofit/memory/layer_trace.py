@@ -83,19 +83,29 @@ def trace_decoder_layer(
     keyed by the config and the transformers and torch versions), since importing transformers
     costs seconds.
     """
+    return _cached_trace(LayerTrace, _trace, (), config_json, a, attention, residual)
+
+
+def _cached_trace(
+    trace_class: type, build, kind: tuple, config_json: str, a: int, attention: str, residual: int
+):
+    """``build(config_json, a, attention, residual)`` once per arguments and installed
+    transformers and torch, kept in ``layer_traces.json`` as a ``trace_class`` (or as
+    UNTRACEABLE); ``kind`` tells apart traces of one config. None where the training stack is
+    not installed: zerofit's planning works without it."""
     try:
         versions = [version("transformers"), version("torch")]
-    except PackageNotFoundError:  # zerofit's planning works without the training stack
+    except PackageNotFoundError:
         return None
     path = cache_file("layer_traces.json")
-    blob = json.dumps([TRACE_CACHE_VERSION, versions, config_json, a, attention, residual])
+    blob = json.dumps([TRACE_CACHE_VERSION, *kind, versions, config_json, a, attention, residual])
     key = hashlib.sha256(blob.encode()).hexdigest()
     cached = read_cache(path).get(key)
-    if isinstance(cached, dict) and set(cached) == {f.name for f in fields(LayerTrace)}:
-        return LayerTrace(**cached)
+    if isinstance(cached, dict) and set(cached) == {f.name for f in fields(trace_class)}:
+        return trace_class(**cached)
     if cached == UNTRACEABLE:
         return None
-    trace = _trace(config_json, a, attention, residual)
+    trace = build(config_json, a, attention, residual)
     store_in_cache(path, key, asdict(trace) if trace else UNTRACEABLE)
     return trace
 
@@ -181,23 +191,15 @@ def trace_encoder_decoder_layer(
     """Trace one layer of the encoder-decoder ``config_json`` describes with source and target
     lengths apart (the arguments and the cache as ``trace_decoder_layer``'s). None when the model
     is no encoder-decoder or cannot be traced: the caller keeps the equal-length layer."""
-    try:
-        versions = [version("transformers"), version("torch")]
-    except PackageNotFoundError:
-        return None
-    path = cache_file("layer_traces.json")
-    blob = json.dumps(
-        [TRACE_CACHE_VERSION, "encoder_decoder", versions, config_json, a, attention, residual]
+    return _cached_trace(
+        EncoderDecoderTrace,
+        _trace_encoder_decoder,
+        ("encoder_decoder",),
+        config_json,
+        a,
+        attention,
+        residual,
     )
-    key = hashlib.sha256(blob.encode()).hexdigest()
-    cached = read_cache(path).get(key)
-    if isinstance(cached, dict) and set(cached) == {f.name for f in fields(EncoderDecoderTrace)}:
-        return EncoderDecoderTrace(**cached)
-    if cached == UNTRACEABLE:
-        return None
-    trace = _trace_encoder_decoder(config_json, a, attention, residual)
-    store_in_cache(path, key, asdict(trace) if trace else UNTRACEABLE)
-    return trace
 
 
 def _trace_encoder_decoder(
