@@ -162,6 +162,9 @@ class Expressed:
     inter_node_gbps: float
     trainable: int | None
     assumed_network: bool
+    # the mean tokens of the samples packed into each row, where the source states it (the
+    # row's options.avg_sample_len); None: the row's attention spans it whole
+    sample_len: int | None = None
 
 
 @dataclass(frozen=True)
@@ -278,7 +281,18 @@ def express(row: dict) -> Expressed:
         gbits,
         trainable,
         assumed and multi_node,
+        packed_sample_len(setup),
     )
+
+
+def packed_sample_len(setup: dict) -> int | None:
+    """The stated mean length of the samples a packed or padding-free row holds
+    (``options.avg_sample_len``, set only where the source states it and the row's samples
+    attend within themselves); the speed model shrinks their attention under flash-attention
+    (speed/step_time.py ``attention_sample_len``). None for every other row."""
+    if setup.get("packing") not in ("packed", "padding_free"):
+        return None
+    return (setup.get("options") or {}).get("avg_sample_len")
 
 
 def fixed_order_key(setup: TrainSetup) -> tuple:
@@ -308,6 +322,7 @@ def predict(row: dict, expressed: Expressed) -> Prediction:
         expressed.gpu,
         inter_node_gbps=expressed.inter_node_gbps,
         trainable_params=expressed.trainable,
+        sample_len=expressed.sample_len,
     )
     measured = row["measured"]
     tokens = tokens_per_gpu_step(expressed.setup)

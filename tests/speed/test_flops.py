@@ -134,3 +134,112 @@ def test_encoders_count_the_whole_attention_and_decoders_half():
     assert forward_flops_per_sequence(gpt2, seq)["attention"] == pytest.approx(
         2 * seq * seq * gpt2.hidden_size * gpt2.num_layers
     )
+
+
+# Packed samples under flash-attention's varlen kernel: each sample's tokens attend within the
+# sample alone, so a packed row costs what its samples cost as separate sequences (the linear
+# layers see the same tokens; attention runs one causal block per sample).
+PACKED_ROW = 128
+
+
+def _tiny_decoder(name: str):
+    """A randomly initialised decoder on the CPU and its ModelSpec: a Llama layer (GQA, gated
+    MLP) from LlamaConfig, or GPT-2 from the families' configs."""
+    if name == "gpt2":
+        return build_family_model("gpt2"), spec_from_config(family_config_json("gpt2"), "gpt2")
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        use_cache=False,
+        attn_implementation="eager",
+    )
+    fields = config.to_dict()
+    fields.pop("transformers_version", None)
+    return LlamaForCausalLM(config), spec_from_config(fields, "tiny-llama")
+
+
+def _counted_forward_of_samples(model, lengths: list[int], vocab: int) -> int:
+    """torch's FLOP counter over one forward per sample: the varlen kernel's work on a row
+    that packs them (per-sample causal blocks, never the blocks across samples)."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    torch.manual_seed(0)
+    with FlopCounterMode(display=False) as counter, torch.no_grad():
+        for length in lengths:
+            model(input_ids=torch.randint(1, vocab, (1, length)))
+    return counter.get_total_flops()
+
+
+@pytest.mark.parametrize("name", ["llama", "gpt2"])
+def test_packed_samples_of_one_length_count_as_separate_sequences(name):
+    """Four 32-token samples packed into a 128-token row: speed/flops.py's count with
+    ``sample_len`` 32 equals torch's FLOP counter over the four samples run apart (eager
+    attention, whose matmuls the counter sees and which computes the masked half of each
+    block too: the attention term counts twice there, as in the families' test above)."""
+    model, spec = _tiny_decoder(name)
+    counted = _counted_forward_of_samples(model, [32] * 4, spec.vocab_size)
+    packed = forward_flops_per_sequence(spec, PACKED_ROW, sample_len=32)
+    assert packed["layers"] + packed["lm_head"] + 2 * packed["attention"] == pytest.approx(
+        counted, rel=0.01
+    )
+    whole_row = forward_flops_per_sequence(spec, PACKED_ROW)
+    assert packed["attention"] == pytest.approx(whole_row["attention"] * 32 / PACKED_ROW)
+    assert packed["layers"] == whole_row["layers"]
+    assert packed["lm_head"] == whole_row["lm_head"]
+
+
+def test_packed_samples_of_mixed_lengths_count_at_least_the_mean():
+    """Samples of 16, 48 and 64 tokens in one 128-token row: their attention is sum L_i^2
+    (torch's counter over the three run apart), which the mean length alone (128 x 42.7)
+    bounds from below, as ``packed_attention_share`` says."""
+    model, spec = _tiny_decoder("llama")
+    lengths = [16, 48, 64]
+    counted = _counted_forward_of_samples(model, lengths, spec.vocab_size)
+    mean = sum(lengths) / len(lengths)
+    by_mean = forward_flops_per_sequence(spec, PACKED_ROW, sample_len=round(mean))
+    linear = by_mean["layers"] + by_mean["lm_head"]
+    squares = sum(length * length for length in lengths)
+    exact = forward_flops_per_sequence(spec, PACKED_ROW)["attention"] * squares / PACKED_ROW**2
+    # eager computes each block's masked half too: the attention term counts twice
+    assert linear + 2 * exact == pytest.approx(counted, rel=0.01)
+    assert linear + 2 * by_mean["attention"] < counted
+    assert by_mean["attention"] < exact
+
+
+def test_without_packed_samples_the_count_is_unchanged():
+    """No sample length, or samples as long as the row (or longer: cut to it), count the whole
+    row's attention as before; the encoders and T5 ignore it."""
+    llama = resolve_model("llama-3.1-8b")
+    whole = forward_flops_per_sequence(llama, 4096)
+    assert forward_flops_per_sequence(llama, 4096, sample_len=None) == whole
+    assert forward_flops_per_sequence(llama, 4096, sample_len=4096) == whole
+    assert forward_flops_per_sequence(llama, 4096, sample_len=10_000) == whole
+    assert estimate_step_flops(llama, seq_len=4096, sequences=2, sample_len=None) == (
+        estimate_step_flops(llama, seq_len=4096, sequences=2)
+    )
+    bert = spec_from_config(family_config_json("bert"), "bert")
+    assert forward_flops_per_sequence(bert, 256, sample_len=64) == (
+        forward_flops_per_sequence(bert, 256)
+    )
+
+
+def test_packed_step_flops_shrink_attention_in_every_phase():
+    """Forward, backward (two of the products' forwards) and checkpointing's recompute each
+    lose the same attention share; the matmuls with weights keep theirs."""
+    model = resolve_model("qwen2.5-7b")
+    whole = estimate_step_flops(model, seq_len=16384, sequences=1, gradient_checkpointing=True)
+    packed = estimate_step_flops(
+        model, seq_len=16384, sequences=1, gradient_checkpointing=True, sample_len=4096
+    )
+    attention = forward_flops_per_sequence(model, 16384)["attention"]
+    saved = attention * (1 - 4096 / 16384)
+    assert whole.forward - packed.forward == pytest.approx(saved)
+    assert whole.backward - packed.backward == pytest.approx(2 * saved)
+    assert whole.recompute - packed.recompute == pytest.approx(saved)

@@ -74,3 +74,19 @@ def test_the_public_rows_meet_the_issues_targets():
     missed = [s.scenario for s in scores if not s.picked_fastest]
     assert len(missed) <= 0.2 * len(scores), missed
     assert BENCH.median_abs_error(BENCH.calibration_predictions()) <= 25
+
+
+def test_a_stated_mean_sample_length_reaches_a_packed_rows_prediction():
+    """``options.avg_sample_len`` (set only where a source states it) gives a packed row's
+    samples their length: under flash-attention its prediction drops; on a row that is not
+    packed it is ignored. No stored row states one, so none carries it."""
+    rows = BENCH.read_rows(None)
+    assert not any("avg_sample_len" in (row["setup"].get("options") or {}) for row in rows)
+    row = next(row for row in rows if row["id"] == "swift-qwen2.5-7b-h20x4-z3-flash")
+    stated = {**row, "setup": {**row["setup"], "options": {"avg_sample_len": 4096}}}
+    assert BENCH.express(row).sample_len is None
+    assert BENCH.express(stated).sample_len == 4096
+    whole = BENCH.predict(row, BENCH.express(row)).predicted
+    assert BENCH.predict(stated, BENCH.express(stated)).predicted < whole
+    unpacked = {**stated, "setup": {**stated["setup"], "packing": "none"}}
+    assert BENCH.express(unpacked).sample_len is None

@@ -10,6 +10,11 @@ to its weight, one forward's worth each); gradient checkpointing runs every laye
 second time during backward (``torch.utils.checkpoint``: the checkpointed function is called again
 in the backward), the LM head excluded.
 
+Samples packed into one row (``sample_len``): where the attention kernel keeps each sample to
+itself (flash-attention's varlen path, fed the samples' boundaries), the products cover the
+diagonal blocks only, sum L_i^2 over the row's samples instead of seq_len^2 (see
+``packed_attention_share``).
+
 GPT-2, BERT / RoBERTa, DeBERTa-v2 and T5 are counted from their own modules instead
 (``FAMILY_FORWARD_TERMS``): their matmuls differ from a Llama layer's (no gate, a head with a
 transform, relative-position products, an encoder-decoder), and checked against torch's own FLOP
@@ -63,19 +68,45 @@ def mlp_params_per_token(model: ModelSpec) -> float:
     return per_layer
 
 
+def packed_attention_share(seq_len: int, sample_len: int | None) -> float:
+    """What share of a row's ``seq_len^2`` attention products a kernel that keeps packed samples
+    apart computes, for samples of ``sample_len`` tokens on average (None: one sequence, 1).
+
+    A row of n samples of L_i tokens (sum L_i = seq_len) runs sum L_i^2 products: the flash
+    varlen kernel is given the samples' boundaries (``cu_seqlens``) and computes each sample's
+    causal block alone, never the blocks across samples. With n = seq_len / E[L] samples,
+    sum L_i^2 = seq_len x E[L^2] / E[L] >= seq_len x E[L]: ``sample_len / seq_len`` is exact for
+    samples of one length and a lower bound otherwise (by E[L] + Var[L] / E[L]), the best the
+    mean alone gives. A sample longer than the row is cut to it (the tokenizer's max_length).
+    """
+    if sample_len is None or sample_len >= seq_len:
+        return 1.0
+    return sample_len / seq_len
+
+
 def forward_flops_per_sequence(
-    model: ModelSpec, seq_len: int, decoder_len: int | None = None
+    model: ModelSpec,
+    seq_len: int,
+    decoder_len: int | None = None,
+    sample_len: int | None = None,
 ) -> dict[str, float]:
     """Forward FLOPs of one sequence of ``seq_len`` tokens, by term: the layers' matmuls, the
     attention products (causal for decoders) and the LM head. ``decoder_len``: an
-    encoder-decoder's target length (T5; default ``seq_len``), ignored by other models."""
+    encoder-decoder's target length (T5; default ``seq_len``), ignored by other models.
+    ``sample_len``: the mean length of the samples packed into the row when the attention
+    kernel keeps them apart (``packed_attention_share``; None: one sequence); decoders only,
+    whose products grow with seq_len^2 alone (the encoders and T5 are not packed so)."""
     family_terms = FAMILY_FORWARD_TERMS.get(model.architecture)
     if family_terms is not None:
-        return family_terms(model, _config_fields(model), seq_len, decoder_len or seq_len)
+        terms = family_terms(model, _config_fields(model), seq_len, decoder_len or seq_len)
+        if model.architecture == "gpt2":
+            terms["attention"] *= packed_attention_share(seq_len, sample_len)
+        return terms
     per_token_layer = 2.0 * (attention_projection_params(model) + mlp_params_per_token(model))
     query_width = model.num_heads * model.head_dim
     # Q K^T and P V: 2 FLOPs x seq x seq x width each, half of it under the causal mask
     attention_per_layer = 2 * 2.0 * seq_len * seq_len * query_width / 2
+    attention_per_layer *= packed_attention_share(seq_len, sample_len)
     return {
         "layers": per_token_layer * seq_len * model.num_layers,
         "attention": attention_per_layer * model.num_layers,
@@ -91,16 +122,18 @@ def estimate_step_flops(
     gradient_checkpointing: bool = False,
     frozen_weights: bool = False,
     decoder_len: int | None = None,
+    sample_len: int | None = None,
 ) -> StepFlops:
     """FLOPs of ``sequences`` sequences of ``seq_len`` tokens through forward and backward
-    (an encoder-decoder's targets: ``decoder_len`` tokens, default ``seq_len``).
+    (an encoder-decoder's targets: ``decoder_len`` tokens, default ``seq_len``; packed samples
+    of ``sample_len`` tokens that attend within themselves: ``forward_flops_per_sequence``).
 
     ``frozen_weights`` (LoRA, other adapters): the backward still computes every weight matmul's
     input gradient but not the frozen weights' gradients, so those matmuls cost one forward
     instead of two; attention's products have no weights and keep their two. The adapters' own
     matmuls are under 1 % and left out.
     """
-    terms = forward_flops_per_sequence(model, seq_len, decoder_len)
+    terms = forward_flops_per_sequence(model, seq_len, decoder_len, sample_len)
     forward = sum(terms.values()) * sequences
     weight_matmuls = (terms["layers"] + terms["lm_head"]) * sequences
     backward = 2.0 * forward - (weight_matmuls if frozen_weights else 0.0)

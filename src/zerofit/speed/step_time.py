@@ -528,19 +528,49 @@ FLASH_ATTENTION_3_SPEEDUP = {"forward": 1.75, "backward": 1.6}
 
 
 def attention_kernel_savings(
-    setup: TrainSetup, model: ModelSpec, device: DeviceProfile, sequences: int
+    setup: TrainSetup,
+    model: ModelSpec,
+    device: DeviceProfile,
+    sequences: int,
+    sample_len: int | None = None,
 ) -> StepFlops:
     """FLOPs' worth of time one micro step's attention saves under FlashAttention-3 on a Hopper
     GPU (``FLASH_ATTENTION_3_SPEEDUP``); nothing for any other kernel or device. The backward
-    of the products is two forwards' worth (speed/flops.py), checkpointing's recompute one."""
+    of the products is two forwards' worth (speed/flops.py), checkpointing's recompute one.
+    ``sample_len``: packed samples the kernel keeps apart (``attention_sample_len``)."""
     if setup.attention != "flash_attention_3" or not is_hopper(device.name):
         return StepFlops(forward=0.0, backward=0.0, recompute=0.0)
-    terms = forward_flops_per_sequence(model, setup.seq_len, setup.target_len)
+    terms = forward_flops_per_sequence(model, setup.seq_len, setup.target_len, sample_len)
     attention = terms["attention"] * sequences
     forward_saved = attention * (1 - 1 / FLASH_ATTENTION_3_SPEEDUP["forward"])
     backward_saved = 2 * attention * (1 - 1 / FLASH_ATTENTION_3_SPEEDUP["backward"])
     recompute_saved = forward_saved if setup.gradient_checkpointing else 0.0
     return StepFlops(forward=forward_saved, backward=backward_saved, recompute=recompute_saved)
+
+
+# Attention kernels that run each packed sample apart when given the samples' boundaries:
+# transformers' ``_flash_attention_forward`` (modeling_flash_attention_utils.py) calls
+# ``flash_varlen_fn`` with ``cu_seqlens`` when the batch carries them (TRL's padding-free
+# collator, trl/trainer/sft_trainer.py ``DataCollatorForLanguageModeling``: ``cu_seq_lens_q``)
+# or when ``_is_packed_sequence`` reads restarting position_ids; the varlen kernel computes each
+# sample's causal block alone. SDPA is not here: for packed position_ids transformers builds a
+# dense block-diagonal mask (masking_utils.py ``find_packed_sequence_indices`` ->
+# ``packed_sequence_mask_function``, ``allow_is_causal_skip = False``), a non-null ``attn_mask``
+# that rules out SDPA's flash kernel (PyTorch sdp_utils.cpp ``check_for_attn_mask``), and the
+# kernel that takes the mask computes every block of the row, masked or not. Eager's matmuls
+# likewise compute the whole row.
+SAMPLE_BOUNDED_ATTENTION = ("flash_attention_2", "flash_attention_3")
+
+
+def attention_sample_len(setup: TrainSetup, sample_len: int | None) -> int | None:
+    """The mean length of the packed samples whose attention the kernel keeps apart, or None:
+    the products span the whole row (no packing given, padded rows, a sample as long as the
+    row, or a kernel that computes across samples: ``SAMPLE_BOUNDED_ATTENTION``)."""
+    if sample_len is None or setup.padded or sample_len >= setup.seq_len:
+        return None
+    if setup.attention not in SAMPLE_BOUNDED_ATTENTION:
+        return None
+    return sample_len
 
 
 def layer_submodules(model: ModelSpec) -> int:
@@ -702,6 +732,7 @@ def estimate_step_time(
     inter_node_gbps: float = DEFAULT_INTER_NODE_GBITS,
     intra_node_gbps: float | None = None,
     trainable_params: int | None = None,
+    sample_len: int | None = None,
 ) -> StepTime:
     """Seconds per optimizer step of ``model`` trained as ``setup`` on ``gpu``: a catalog GPU,
     or any device's ``DeviceProfile`` (speed/device.py; a catalog GPU is ``gpu_profile(gpu)``).
@@ -711,10 +742,14 @@ def estimate_step_time(
     ``intra_node_gbps``: the GPUs' link inside a node in GB/s (bytes) per GPU, when the user's
     differs from the catalog's usual one (PCIe cards in an NVLink GPU's place); None: the catalog's.
     ``trainable_params``: LoRA and other adapters (None: every weight trains).
+    ``sample_len``: the mean tokens of the samples packed into each row (packing or
+    padding-free collation); their attention shrinks where the kernel keeps them apart
+    (``attention_sample_len``). None: each row is one sequence.
     """
     trainable = model.params if trainable_params is None else trainable_params
     frozen = trainable < model.params
     trained, reference = sequences_per_micro_step(setup)
+    sample_len = attention_sample_len(setup, sample_len)
     # an encoder-decoder's decoder and LM head run on its targets (``decoder_len``; None: seq_len)
     flops = estimate_step_flops(
         model,
@@ -723,9 +758,14 @@ def estimate_step_time(
         gradient_checkpointing=setup.gradient_checkpointing,
         frozen_weights=frozen,
         decoder_len=setup.target_len,
+        sample_len=sample_len,
     )
     reference_flops = estimate_step_flops(
-        model, seq_len=setup.seq_len, sequences=reference, decoder_len=setup.target_len
+        model,
+        seq_len=setup.seq_len,
+        sequences=reference,
+        decoder_len=setup.target_len,
+        sample_len=sample_len,
     )
     device = as_device(gpu)
     peak = device.peak_tflops * 1e12
@@ -734,7 +774,7 @@ def estimate_step_time(
     forward_s = (flops.forward + reference_flops.forward) * micro_steps / (peak * efficiency)
     backward_s = flops.backward * micro_steps / (peak * efficiency)
     recompute_s = flops.recompute * micro_steps / (peak * efficiency)
-    saved = attention_kernel_savings(setup, model, device, trained)
+    saved = attention_kernel_savings(setup, model, device, trained, sample_len)
     forward_s -= saved.forward * micro_steps / (peak * efficiency)
     backward_s -= saved.backward * micro_steps / (peak * efficiency)
     recompute_s -= saved.recompute * micro_steps / (peak * efficiency)
