@@ -380,3 +380,97 @@ def test_an_encoder_decoders_step_counts_its_decoder_over_the_targets():
     assert short.compute_s / same.compute_s == pytest.approx(flops[1] / flops[0], rel=1e-9)
     assert flops[1] < flops[0]
     assert estimate_step_time(dataclasses.replace(setup, target_len=512), t5, H100) == same
+
+
+# Samples packed into 16k-token rows, 4k tokens each on average (TRL's packing / padding_free,
+# ms-swift's --packing): only flash-attention's varlen kernel keeps them apart.
+PACKED = TrainSetup(
+    stage=3,
+    world_size=4,
+    gpus_per_node=4,
+    seq_len=16384,
+    grad_accum=4,
+    gradient_checkpointing=True,
+    attention="flash_attention_2",
+)
+
+
+def test_packed_samples_shrink_the_attention_under_flash_attention_only():
+    """``sample_len`` reaches the FLOPs (speed/flops.py) under flash-attention 2 and 3, which
+    run each sample's block alone; SDPA and eager compute the whole row (a dense block mask),
+    padded rows hold one sample each, and no sample length is the step as before."""
+    from zerofit.speed.flops import estimate_step_flops
+
+    whole = estimate_step_time(PACKED, MODEL, H100)
+    assert estimate_step_time(PACKED, MODEL, H100, sample_len=None) == whole
+    assert estimate_step_time(PACKED, MODEL, H100, sample_len=16384) == whole
+    packed = estimate_step_time(PACKED, MODEL, H100, sample_len=4096)
+    flops = [
+        estimate_step_flops(
+            MODEL, seq_len=16384, sequences=1, gradient_checkpointing=True, sample_len=length
+        )
+        for length in (None, 4096)
+    ]
+    ratio = flops[1].total / flops[0].total
+    assert ratio < 0.95
+    computed = [(step.compute_s + step.recompute_s) for step in (whole, packed)]
+    assert computed[1] / computed[0] == pytest.approx(ratio, rel=1e-9)
+    assert packed.total_s < whole.total_s
+    for unchanged in (
+        dataclasses.replace(PACKED, attention="sdpa"),
+        dataclasses.replace(PACKED, attention="eager"),
+        dataclasses.replace(PACKED, padded=True),
+    ):
+        plain = estimate_step_time(unchanged, MODEL, H100)
+        assert estimate_step_time(unchanged, MODEL, H100, sample_len=4096) == plain
+
+
+def test_flash_attention_3_saves_on_the_packed_attention_only():
+    """FlashAttention-3's faster attention (``attention_kernel_savings``) saves a share of the
+    products the step runs: on packed samples a quarter of the row's, so a quarter of the
+    saving (forward, backward and recompute alike)."""
+    flash3 = dataclasses.replace(PACKED, attention="flash_attention_3")
+    saving_whole = (
+        estimate_step_time(PACKED, MODEL, H100).compute_s
+        - estimate_step_time(flash3, MODEL, H100).compute_s
+    )
+    saving_packed = (
+        estimate_step_time(PACKED, MODEL, H100, sample_len=4096).compute_s
+        - estimate_step_time(flash3, MODEL, H100, sample_len=4096).compute_s
+    )
+    assert saving_packed == pytest.approx(saving_whole * 4096 / 16384, rel=1e-9)
+
+
+def test_packed_answers_reach_the_step_time():
+    """From the answers: ``--no-padding`` with ``--dataset-samples`` and ``--avg-seq-len`` give
+    the speed model the packed samples' length (planner.py ``packed_sample_len``); without
+    ``padding`` false, or for GRPO, the step is the one without it."""
+    from zerofit.planning.answers import Answers
+    from zerofit.planning.options import TrainingOption
+    from zerofit.planning.planner import build_setup, plan_inputs, step_time_of
+
+    option = TrainingOption(stage=3, gradient_checkpointing=True)
+    base = dict(
+        gpu="H100-SXM",
+        gpus_per_node=4,
+        seq_len=16384,
+        attention="flash_attention_2",
+        dataset_samples=10_000,
+        host_ram_gib=1024.0,
+    )
+
+    def step_of(**answers):
+        inputs = plan_inputs(MODEL, Answers(**base, **answers), H100, "bf16", 4)
+        return step_time_of(inputs, build_setup(inputs, option, 1, 4))
+
+    plain = step_of(padding=False)
+    packed = step_of(padding=False, avg_seq_len=4096)
+    setup = build_setup(
+        plan_inputs(MODEL, Answers(**base, padding=False), H100, "bf16", 4), option, 1, 4
+    )
+    assert packed == estimate_step_time(setup, MODEL, H100, sample_len=4096)
+    assert packed.total_s < plain.total_s
+    assert step_of(avg_seq_len=4096) == step_of()  # padding unsaid: one sample per row
+    assert step_of(padding=True, avg_seq_len=4096) == step_of(padding=True)
+    grpo = dict(workload="grpo", padding=False)
+    assert step_of(**grpo, avg_seq_len=4096) == step_of(**grpo)

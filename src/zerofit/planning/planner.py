@@ -490,7 +490,19 @@ def step_time_of(inputs: PlanInputs, setup: TrainSetup) -> StepTime:
         inter_node_gbps=network.inter_node_gbps,
         intra_node_gbps=network.intra_node_gbps,
         trainable_params=trainable_params(inputs),
+        sample_len=packed_sample_len(inputs.answers),
     )
+
+
+def packed_sample_len(answers: Answers) -> int | None:
+    """The mean tokens of the samples packed into each row: ``avg_seq_len`` where rows are
+    packed or padding-free (``padding`` false, as ``sequences_per_epoch`` reads it); None
+    otherwise, and for GRPO, whose rows are its generated completions. The speed model
+    shrinks their attention where the kernel keeps the samples apart
+    (speed/step_time.py ``attention_sample_len``)."""
+    if answers.padding is not False or answers.workload == "grpo":
+        return None
+    return answers.avg_seq_len
 
 
 def fastest_of(fitting: list[Candidate]) -> Candidate:
