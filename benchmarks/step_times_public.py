@@ -261,6 +261,10 @@ def express(row: dict) -> Expressed:
         grad_accum=setup["grad_accum"],
         workload=setup["workload"],
         attention=ATTENTION_KERNELS.get(setup.get("attention"), "sdpa"),
+        # padded stays False (TrainSetup's default): no expressible row records a padding mask;
+        # under SDPA or eager a padded batch's attention would count its whole seq x seq square
+        # (speed/step_time.py ``attention_skips_masked_blocks``); the expressible SDPA rows are
+        # torchtitan's pretraining, documents concatenated into full rows: nothing to pad
     )
     trainable = None
     if setup["tuning"] in ("lora", "lora-emb"):

@@ -76,8 +76,9 @@ def test_family_flops_match_torchs_flop_counter(name):
     """Forward and backward FLOPs of one sequence against torch's own FLOP counter
     (``torch.utils.flop_counter.FlopCounterMode``: every mm / addmm / bmm / convolution the real
     modules dispatch) on the family's randomly initialised model. Eager attention, which the
-    counter sees as bmm: it computes GPT-2's masked half too, which the kernels skip and
-    speed/flops.py does not count, so GPT-2's products count twice here."""
+    counter sees as bmm: it computes GPT-2's masked half too, which flash-attention and SDPA
+    without a mask skip, so the count is the one for a kernel that does not
+    (``skips_masked_blocks=False``; the encoders and T5 compute the whole square anyway)."""
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
@@ -89,9 +90,10 @@ def test_family_flops_match_torchs_flop_counter(name):
         logits = model(**inputs).logits
     with FlopCounterMode(display=False) as backward_counter:
         logits.float().sum().backward()
-    terms = forward_flops_per_sequence(spec, COUNTED_SEQ, decoder_len=COUNTED_DECODER)
-    masked_half = 2 if spec.architecture == "gpt2" else 1
-    forward = terms["layers"] + terms["lm_head"] + masked_half * terms["attention"]
+    terms = forward_flops_per_sequence(
+        spec, COUNTED_SEQ, decoder_len=COUNTED_DECODER, skips_masked_blocks=False
+    )
+    forward = sum(terms.values())
     counted = forward_counter.get_total_flops()
     print(f"{name}: counter {counted:,} zerofit {forward:,.0f} ({counted / forward - 1:+.3%})")
     assert forward == pytest.approx(counted, rel=0.01)
@@ -142,11 +144,12 @@ def test_encoders_count_the_whole_attention_and_decoders_half():
 PACKED_ROW = 128
 
 
-def _tiny_decoder(name: str):
+def _tiny_decoder(name: str, attention: str = "eager"):
     """A randomly initialised decoder on the CPU and its ModelSpec: a Llama layer (GQA, gated
     MLP) from LlamaConfig, or GPT-2 from the families' configs."""
     if name == "gpt2":
-        return build_family_model("gpt2"), spec_from_config(family_config_json("gpt2"), "gpt2")
+        model = build_family_model("gpt2", attention)
+        return model, spec_from_config(family_config_json("gpt2"), "gpt2")
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(
@@ -157,7 +160,7 @@ def _tiny_decoder(name: str):
         num_attention_heads=4,
         num_key_value_heads=2,
         use_cache=False,
-        attn_implementation="eager",
+        attn_implementation=attention,
     )
     fields = config.to_dict()
     fields.pop("transformers_version", None)
@@ -243,3 +246,68 @@ def test_packed_step_flops_shrink_attention_in_every_phase():
     assert whole.forward - packed.forward == pytest.approx(saved)
     assert whole.backward - packed.backward == pytest.approx(2 * saved)
     assert whole.recompute - packed.recompute == pytest.approx(saved)
+
+
+# Whether the attention kernel skips the blocks a causal mask hides (speed/step_time.py
+# ``attention_skips_masked_blocks``): eager never does, SDPA only when transformers hands it no
+# mask. torch's FLOP counter cannot see a kernel's skipped blocks (``flop_counter.sdpa_flop``
+# counts the op's whole square), so the kernel side is cited there and the tests below check
+# what transformers hands the kernel and what eager's matmuls compute.
+PADDED_ROW = 64
+
+
+def _padded_batch(vocab: int) -> dict:
+    """Two rows of ``PADDED_ROW`` token ids, the second right-padded after 40 real tokens."""
+    import torch
+
+    torch.manual_seed(0)
+    mask = torch.ones(2, PADDED_ROW, dtype=torch.long)
+    mask[1, 40:] = 0
+    return {"input_ids": torch.randint(1, vocab, (2, PADDED_ROW)), "attention_mask": mask}
+
+
+@pytest.mark.parametrize("name", ["llama", "gpt2"])
+def test_eager_attention_computes_the_whole_square(name):
+    """Eager attention (``eager_attention_forward``: matmul over every query and key, then the
+    mask) runs the whole seq x seq products whether the batch is padded or not: torch's FLOP
+    counter on the real forward matches ``skips_masked_blocks=False``, twice the causal half."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    model, spec = _tiny_decoder(name)
+    batch = _padded_batch(spec.vocab_size)
+    whole = forward_flops_per_sequence(spec, PADDED_ROW, skips_masked_blocks=False)
+    half = forward_flops_per_sequence(spec, PADDED_ROW)
+    assert whole["attention"] == pytest.approx(2 * half["attention"])
+    assert {whole["layers"], whole["lm_head"]} == {half["layers"], half["lm_head"]}
+    for inputs in (batch, {"input_ids": batch["input_ids"]}):
+        with FlopCounterMode(display=False) as counter, torch.no_grad():
+            model(**inputs)
+        assert counter.get_total_flops() == pytest.approx(2 * sum(whole.values()), rel=0.01)
+
+
+@pytest.mark.parametrize("name", ["llama", "gpt2"])
+def test_transformers_gives_sdpa_a_mask_only_on_padded_batches(name, monkeypatch):
+    """What transformers hands torch's SDPA (integrations/sdpa_attention.py
+    ``sdpa_attention_forward``): no mask and ``is_causal=True`` for rows without padding, the
+    kernels' causal path that skips the hidden blocks; the padded batch's 4D mask and
+    ``is_causal=False`` otherwise, which rules out the flash kernel and runs the
+    memory-efficient one over every block (speed/step_time.py ``CAUSAL_SKIPPING_ATTENTION``)."""
+    import torch
+
+    model, spec = _tiny_decoder(name, "sdpa")
+    calls = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def recording_sdpa(*args, **kwargs):
+        calls.append((kwargs.get("attn_mask") is not None, kwargs.get("is_causal")))
+        return sdpa(*args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", recording_sdpa)
+    batch = _padded_batch(spec.vocab_size)
+    with torch.no_grad():
+        model(input_ids=batch["input_ids"], attention_mask=torch.ones_like(batch["input_ids"]))
+        unpadded, calls[:] = list(calls), []
+        model(**batch)
+    assert unpadded and set(unpadded) == {(False, True)}
+    assert calls and set(calls) == {(True, False)}

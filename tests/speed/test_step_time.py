@@ -474,3 +474,74 @@ def test_packed_answers_reach_the_step_time():
     assert step_of(padding=True, avg_seq_len=4096) == step_of(padding=True)
     grpo = dict(workload="grpo", padding=False)
     assert step_of(**grpo, avg_seq_len=4096) == step_of(**grpo)
+
+
+# One micro step of two 8k-token rows: attention is a sizeable share of the FLOPs there.
+LONG_ROWS = TrainSetup(
+    stage=2, world_size=8, gpus_per_node=8, micro_batch=2, seq_len=8192, grad_accum=2
+)
+
+
+def test_padded_sdpa_and_eager_count_the_whole_attention_square():
+    """Attention's products count the causal half where the kernel skips the masked blocks
+    (flash-attention; SDPA without a mask: unchanged from before) and the whole square where it
+    computes them (SDPA given a padded batch's mask; eager, padded or not), in the forward,
+    backward and checkpointing's recompute alike (speed/step_time.py
+    ``attention_skips_masked_blocks``)."""
+    from zerofit.speed.flops import estimate_step_flops, forward_flops_per_sequence
+
+    def compute_s(attention, padded, checkpointing=False):
+        setup = dataclasses.replace(
+            LONG_ROWS, attention=attention, padded=padded, gradient_checkpointing=checkpointing
+        )
+        step = estimate_step_time(setup, MODEL, H100)
+        return step.compute_s + step.recompute_s
+
+    half = forward_flops_per_sequence(MODEL, 8192)
+    whole = forward_flops_per_sequence(MODEL, 8192, skips_masked_blocks=False)
+    added = 2 * (whole["attention"] - half["attention"])  # two sequences per micro step
+    for checkpointing, passes in ((False, 3), (True, 4)):
+        skipping = compute_s("sdpa", False, checkpointing)
+        flops = estimate_step_flops(
+            MODEL, seq_len=8192, sequences=2, gradient_checkpointing=checkpointing
+        )
+        ratio = (flops.total + passes * added) / flops.total
+        assert compute_s("sdpa", True, checkpointing) / skipping == pytest.approx(ratio)
+        assert compute_s("eager", False, checkpointing) == compute_s("sdpa", True, checkpointing)
+        assert compute_s("eager", True, checkpointing) == compute_s("sdpa", True, checkpointing)
+        assert compute_s("flash_attention_2", True, checkpointing) == skipping
+    assert ratio > 1.05
+    # the default setup (SDPA, unpadded) is the step as counted before: the causal half
+    default = estimate_step_time(LONG_ROWS, MODEL, H100)
+    assert default == estimate_step_time(
+        dataclasses.replace(LONG_ROWS, attention="flash_attention_2", padded=True), MODEL, H100
+    )
+    flash3 = dataclasses.replace(LONG_ROWS, attention="flash_attention_3")
+    assert estimate_step_time(flash3, MODEL, H100) == estimate_step_time(
+        dataclasses.replace(flash3, padded=True), MODEL, H100
+    )
+
+
+def test_padding_answers_reach_the_attention_count():
+    """From the answers: ``padding`` (or, unsaid, the collators' padding of micro batches of two
+    or more: planner.py ``pads_batches``) makes SDPA's step count the whole attention square;
+    eager counts it whole and flash-attention half either way."""
+    from zerofit.planning.answers import Answers
+    from zerofit.planning.options import TrainingOption
+    from zerofit.planning.planner import build_setup, plan_inputs, step_time_of
+
+    option = TrainingOption(stage=2)
+    base = dict(gpu="H100-SXM", gpus_per_node=8, seq_len=8192, host_ram_gib=1024.0)
+
+    def step_of(micro_batch=2, **answers):
+        inputs = plan_inputs(MODEL, Answers(**base, **answers), H100, "bf16", 8)
+        return step_time_of(inputs, build_setup(inputs, option, micro_batch, 2))
+
+    padded, unpadded = step_of(padding=True), step_of(padding=False)
+    assert padded.compute_s > 1.05 * unpadded.compute_s
+    assert step_of() == padded  # two sequences per micro batch: the collator pads them
+    assert step_of(micro_batch=1) == step_of(micro_batch=1, padding=False)
+    assert step_of(attention="eager", padding=False) == step_of(attention="eager", padding=True)
+    assert step_of(attention="eager", padding=False).compute_s == padded.compute_s
+    flash = dict(attention="flash_attention_2")
+    assert step_of(**flash, padding=True) == step_of(**flash, padding=False) == unpadded

@@ -3,8 +3,11 @@
 A multiply-add is 2 FLOPs. Per token and layer the forward pass runs the attention projections
 (q and o: hidden x heads*head_dim; k and v: hidden x kv_heads*head_dim), the MLP's matrices (the
 active experts' under MoE), and attention's two sequence-long products (Q K^T and the weighted
-sum of V), which a causal kernel computes for the lower triangle only (flash-attention and
-PyTorch's SDPA skip the fully masked blocks). The LM head is one hidden x vocab matmul per token.
+sum of V), which a causal kernel computes for the lower triangle only where it skips the fully
+masked blocks: flash-attention always, PyTorch's SDPA when given ``is_causal`` and no mask. SDPA
+given a padded batch's mask and eager attention compute the whole square (``skips_masked_blocks``;
+speed/step_time.py ``attention_skips_masked_blocks`` says which). The LM head is one hidden x
+vocab matmul per token.
 The backward pass costs twice the forward (the gradient with respect to each matmul's input and
 to its weight, one forward's worth each); gradient checkpointing runs every layer's forward a
 second time during backward (``torch.utils.checkpoint``: the checkpointed function is called again
@@ -89,23 +92,33 @@ def forward_flops_per_sequence(
     seq_len: int,
     decoder_len: int | None = None,
     sample_len: int | None = None,
+    skips_masked_blocks: bool = True,
 ) -> dict[str, float]:
     """Forward FLOPs of one sequence of ``seq_len`` tokens, by term: the layers' matmuls, the
     attention products (causal for decoders) and the LM head. ``decoder_len``: an
     encoder-decoder's target length (T5; default ``seq_len``), ignored by other models.
     ``sample_len``: the mean length of the samples packed into the row when the attention
     kernel keeps them apart (``packed_attention_share``; None: one sequence); decoders only,
-    whose products grow with seq_len^2 alone (the encoders and T5 are not packed so)."""
+    whose products grow with seq_len^2 alone (the encoders and T5 are not packed so).
+    ``skips_masked_blocks``: whether a decoder's attention kernel skips the blocks its causal
+    mask hides (flash-attention; SDPA without a mask) and so computes half the square, or
+    computes every block and masks afterwards (eager; SDPA given a padding mask): the whole
+    square. Encoders and T5 compute the whole square either way."""
     family_terms = FAMILY_FORWARD_TERMS.get(model.architecture)
     if family_terms is not None:
         terms = family_terms(model, _config_fields(model), seq_len, decoder_len or seq_len)
         if model.architecture == "gpt2":
             terms["attention"] *= packed_attention_share(seq_len, sample_len)
+            if not skips_masked_blocks:
+                terms["attention"] *= 2  # _gpt2_terms counts the causal half
         return terms
     per_token_layer = 2.0 * (attention_projection_params(model) + mlp_params_per_token(model))
     query_width = model.num_heads * model.head_dim
-    # Q K^T and P V: 2 FLOPs x seq x seq x width each, half of it under the causal mask
-    attention_per_layer = 2 * 2.0 * seq_len * seq_len * query_width / 2
+    # Q K^T and P V: 2 FLOPs x seq x seq x width each, half of it where the kernel skips the
+    # blocks the causal mask hides
+    attention_per_layer = 2 * 2.0 * seq_len * seq_len * query_width
+    if skips_masked_blocks:
+        attention_per_layer /= 2
     attention_per_layer *= packed_attention_share(seq_len, sample_len)
     return {
         "layers": per_token_layer * seq_len * model.num_layers,
@@ -134,6 +147,24 @@ def estimate_step_flops(
     matmuls are under 1 % and left out.
     """
     terms = forward_flops_per_sequence(model, seq_len, decoder_len, sample_len)
+    return step_flops_from_terms(
+        terms,
+        sequences=sequences,
+        gradient_checkpointing=gradient_checkpointing,
+        frozen_weights=frozen_weights,
+    )
+
+
+def step_flops_from_terms(
+    terms: dict[str, float],
+    *,
+    sequences: int,
+    gradient_checkpointing: bool = False,
+    frozen_weights: bool = False,
+) -> StepFlops:
+    """Forward, backward and recompute FLOPs of ``sequences`` sequences whose forward costs
+    ``terms`` each (``forward_flops_per_sequence``): the phases ``estimate_step_flops`` adds up,
+    for a caller that counted the terms under its own attention kernel."""
     forward = sum(terms.values()) * sequences
     weight_matmuls = (terms["layers"] + terms["lm_head"]) * sequences
     backward = 2.0 * forward - (weight_matmuls if frozen_weights else 0.0)
@@ -152,8 +183,9 @@ def _gpt2_terms(model: ModelSpec, config: dict, seq_len: int, decoder_len: int) 
     """GPT-2 (transformers models/gpt2/modeling_gpt2.py): ``GPT2Attention`` runs c_attn, a
     Conv1D of h x 3h (one addmm for q, k and v), and c_proj (h x h); ``GPT2MLP`` c_fc (h x
     n_inner, where n_inner None means 4h: ``GPT2Block``) and c_proj back; ``GPT2LMHeadModel``'s
-    lm_head (h x vocab, tied to wte). Causal attention: sdpa / flash skip the masked half as
-    for the other decoders. The learned position embedding is a lookup."""
+    lm_head (h x vocab, tied to wte). Causal attention: the half a kernel that skips the masked
+    blocks computes, as for the other decoders (``forward_flops_per_sequence`` doubles it for
+    one that does not). The learned position embedding is a lookup."""
     hidden, inner = model.hidden_size, model.intermediate_size
     per_token_layer = 2.0 * (4 * hidden * hidden + 2 * hidden * inner)
     return {

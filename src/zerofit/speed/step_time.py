@@ -35,7 +35,7 @@ from zerofit.memory.lora import is_adapter, layer_linear_shapes, targeted_module
 from zerofit.memory.param_layout import zero3_kept_gathered_elements
 from zerofit.models.resolve import ModelSpec
 from zerofit.speed.device import DeviceProfile, EfficiencyCurve
-from zerofit.speed.flops import StepFlops, estimate_step_flops, forward_flops_per_sequence
+from zerofit.speed.flops import StepFlops, forward_flops_per_sequence, step_flops_from_terms
 from zerofit.speed.generation import DECODE_HBM_EFFICIENCY, estimate_generation_time
 
 # Fitted per GPU generation (never per row), with the per-step costs below, by least squares over
@@ -573,6 +573,42 @@ def attention_sample_len(setup: TrainSetup, sample_len: int | None) -> int | Non
     return sample_len
 
 
+# Which kernels skip the blocks a decoder's causal mask hides, and so run half the seq x seq
+# products (speed/flops.py ``skips_masked_blocks``):
+# - flash-attention 2 and 3 always: transformers passes ``causal=True`` and, on a padded batch,
+#   unpads to the varlen kernel (modeling_flash_attention_utils.py ``_flash_attention_forward``,
+#   ``_upad_input``; masking_utils.py ``flash_attention_mask`` keeps only the 2D padding mask).
+#   Its products then cover the real tokens only, sum L_i^2 / 2 <= seq_len^2 / 2 per row; the
+#   speed model keeps seq_len^2 / 2, as it does not know the samples' lengths under padding.
+# - SDPA without a mask: transformers drops an all-ones mask (masking_utils.py ``sdpa_mask``,
+#   ``_ignore_causal_mask_sdpa``) and calls torch's SDPA with ``is_causal=True``
+#   (integrations/sdpa_attention.py ``sdpa_attention_forward``: ``is_causal = q_length > 1 and
+#   attention_mask is None and is_causal``), which its flash and memory-efficient kernels honour
+#   by stopping each query block's key loop at the diagonal (mem_eff_attention/kernel_forward.h:
+#   ``num_keys`` cut to ``query_start + kQueriesPerBlock`` for the causal ``custom_mask_type``).
+# - SDPA on a padded batch does not: the mask has zeros, so transformers passes the 4D boolean
+#   mask and ``is_causal=False``; a non-null ``attn_mask`` rules out the flash kernel (torch
+#   sdp_utils_cpp.h ``check_for_attn_mask``), and the memory-efficient kernel runs with
+#   ``NoCustomMask`` (attention.cu ``_scaled_dot_product_efficient_attention_cuda``: the causal
+#   mask type only when ``is_causal``), loops over every key block and adds the mask as a bias
+#   tile by tile (kernel_forward.h, ``attn_bias_ptr``): the whole square.
+# - eager never does: ``eager_attention_forward`` (models/llama/modeling_llama.py) runs
+#   ``torch.matmul(query, key.transpose(2, 3))`` over the whole square, adds the mask, then
+#   multiplies the whole probability matrix by V, padded or not.
+CAUSAL_SKIPPING_ATTENTION = ("flash_attention_2", "flash_attention_3")
+
+
+def attention_skips_masked_blocks(setup: TrainSetup) -> bool:
+    """Whether the setup's attention kernel skips the blocks the causal mask hides (half the
+    seq x seq products) rather than computing the whole square: flash-attention always, SDPA
+    on unpadded batches only (``setup.padded``: memory/estimate.py), eager never."""
+    if setup.attention in CAUSAL_SKIPPING_ATTENTION:
+        return True
+    if setup.attention == "sdpa":
+        return not setup.padded
+    return False
+
+
 def layer_submodules(model: ModelSpec) -> int:
     """Modules of one decoder layer: its linear layers (memory/lora.py ``layer_linear_shapes``),
     two norms, the attention and MLP containers, the activation and the layer itself."""
@@ -745,28 +781,24 @@ def estimate_step_time(
     ``sample_len``: the mean tokens of the samples packed into each row (packing or
     padding-free collation); their attention shrinks where the kernel keeps them apart
     (``attention_sample_len``). None: each row is one sequence.
+    Attention's products count the causal half or the whole square as ``setup.attention`` runs
+    them on ``setup.padded`` batches (``attention_skips_masked_blocks``).
     """
     trainable = model.params if trainable_params is None else trainable_params
     frozen = trainable < model.params
     trained, reference = sequences_per_micro_step(setup)
     sample_len = attention_sample_len(setup, sample_len)
     # an encoder-decoder's decoder and LM head run on its targets (``decoder_len``; None: seq_len)
-    flops = estimate_step_flops(
-        model,
-        seq_len=setup.seq_len,
+    terms = forward_flops_per_sequence(
+        model, setup.seq_len, setup.target_len, sample_len, attention_skips_masked_blocks(setup)
+    )
+    flops = step_flops_from_terms(
+        terms,
         sequences=trained,
         gradient_checkpointing=setup.gradient_checkpointing,
         frozen_weights=frozen,
-        decoder_len=setup.target_len,
-        sample_len=sample_len,
     )
-    reference_flops = estimate_step_flops(
-        model,
-        seq_len=setup.seq_len,
-        sequences=reference,
-        decoder_len=setup.target_len,
-        sample_len=sample_len,
-    )
+    reference_flops = step_flops_from_terms(terms, sequences=reference)
     device = as_device(gpu)
     peak = device.peak_tflops * 1e12
     efficiency = device.efficiency.at(trained * setup.seq_len)
