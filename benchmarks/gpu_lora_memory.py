@@ -7,8 +7,8 @@ adds all-linear r 16 adapters (dropout 0.05); three steps run, with and without 
 checkpointing (``use_reentrant=False`` plus ``enable_input_require_grads``, as peft and TRL
 enable it), at two sequence lengths. The peak of steps 2-3 (``torch.cuda.max_memory_allocated``
 / ``_reserved``) is printed as one JSON line per case with zerofit's estimate for the matching
-``TrainSetup`` (``peak_bytes`` plus the cuBLAS workspaces that ``max_memory_allocated`` holds
-beside the step's tensors, ``memory/overheads.py:cublas_workspace_bytes``, and that plus the
+``TrainSetup`` on the row's GPU (``peak_bytes``, its ``cublas_workspace`` term included: the
+cuBLAS workspaces ``max_memory_allocated`` holds beside the step's tensors; that plus the
 allocator term for reserved). ``--stack`` picks the training stack (a comma list runs several):
 
 - ``plain`` (the default; tests/data/gpu_lora_memory_h200.jsonl): a loop without autocast and
@@ -293,7 +293,7 @@ def measure_case(folder: Path, case: dict, shape: dict, device: str) -> dict:
 
 
 def estimate_setup(row: dict, bf16: bool):
-    """zerofit's ``TrainSetup`` of a measured row (its stack, stage and case)."""
+    """zerofit's ``TrainSetup`` of a measured row (its stack, stage, case and GPU)."""
     from zerofit.memory.estimate import TrainSetup
 
     common = dict(
@@ -303,6 +303,7 @@ def estimate_setup(row: dict, bf16: bool):
         finetuning=row["finetuning"],
         lora_rank=row["rank"],
         lora_dropout=row["dropout"],
+        gpu=catalog_gpu(row),
     )
     stack = row.get("stack", "plain")
     if stack == "deepspeed":
@@ -336,33 +337,30 @@ def estimate_setup(row: dict, bf16: bool):
     )
 
 
-def cublas_bytes(row: dict) -> int:
-    """The cuBLAS workspaces a GPU row's ``max_memory_allocated`` holds beside the step's tensors
-    (memory/overheads.py ``cublas_workspace_bytes``: two threads, 33 MiB each on Hopper); none
-    on the CPU."""
-    from zerofit.memory.overheads import cublas_workspace_bytes
+def catalog_gpu(row: dict) -> str | None:
+    """The catalog key of the GPU a row ran on (its CUDA architecture sizes the cuBLAS
+    workspaces the estimate counts); None for a CPU row, which has no cuBLAS."""
+    from zerofit.hardware import match_gpu_name
 
     if row.get("device") != "cuda":
-        return 0
-    gpu = row.get("gpu") or ""
-    return cublas_workspace_bytes(hopper=any(name in gpu for name in ("H100", "H200", "H800")))
+        return None
+    return match_gpu_name(row.get("gpu") or "")
 
 
 def zerofit_estimate(row: dict, shape: dict, bf16: bool) -> dict:
-    """zerofit's estimate of the case: allocated = the estimate's peak plus the cuBLAS
-    workspaces (``est_cublas``), reserved = that plus the allocator term."""
+    """zerofit's estimate of the case: allocated = the estimate's peak (``est_cublas``: its
+    cuBLAS workspaces), reserved = that plus the allocator term."""
     from zerofit.memory.estimate import estimate_memory
     from zerofit.models.resolve import spec_from_config
 
     spec = spec_from_config({**shape, "model_type": "qwen2"}, "gpu-lora")
     est = estimate_memory(spec, estimate_setup(row, bf16))
-    workspaces = cublas_bytes(row)
-    allocated = est.peak_bytes + workspaces
+    allocated = est.peak_bytes
     out = {"est_allocated": allocated, "est_reserved": allocated + est.allocator_bytes}
-    out["est_cublas"] = workspaces
+    out["est_cublas"] = est.breakdown.get("cublas_workspace", 0)
     out["est_phase"] = est.phase
     if "max_allocated" in row:
-        out["err_allocated"] = round(est.peak_bytes / row["max_allocated"] - 1, 4)
+        out["err_allocated"] = round(allocated / row["max_allocated"] - 1, 4)
         out["err_reserved"] = round(out["est_reserved"] / row["max_reserved"] - 1, 4)
     return out
 

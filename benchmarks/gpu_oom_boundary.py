@@ -113,7 +113,10 @@ def estimate_config(config: Config):
     from zerofit.memory.estimate import TrainSetup, estimate_memory
     from zerofit.models.resolve import resolve_model
 
-    shared = dict(micro_batch=config.mbs, seq_len=config.seq, gradient_checkpointing=config.gc)
+    # the points run on an H100, whose cuBLAS workspaces the caching allocator holds
+    shared = dict(
+        micro_batch=config.mbs, seq_len=config.seq, gradient_checkpointing=config.gc, gpu="H100-SXM"
+    )
     if config.client == "trainer":
         setup = TrainSetup(stage=0, stack="hf", weights_dtype="bf16", **shared)
     else:

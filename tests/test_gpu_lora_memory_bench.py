@@ -38,6 +38,8 @@ def test_the_stored_estimates_are_todays(tmp_path, capsys):
             old["est_allocated"],
             old["est_reserved"],
         )
+        # the estimate's own cuBLAS term for a Hopper GPU, inside est_allocated
+        assert new["est_cublas"] == old["est_cublas"] == 69_206_016
     capsys.readouterr()
 
 
@@ -59,6 +61,7 @@ def test_the_stored_stack_estimates_are_todays(tmp_path, capsys):
             old["est_allocated"],
             old["est_reserved"],
         )
+        assert new["est_cublas"] == old["est_cublas"] == 69_206_016
     capsys.readouterr()
 
 

@@ -8,7 +8,15 @@ from __future__ import annotations
 import pytest
 
 from zerofit.errors import ZerofitError
-from zerofit.hardware import CATALOG, GpuSpec, detect_host_ram_gib, lookup, match_gpu_name
+from zerofit.hardware import (
+    CATALOG,
+    COMPUTE_CAPABILITY,
+    GpuSpec,
+    compute_capability,
+    detect_host_ram_gib,
+    lookup,
+    match_gpu_name,
+)
 
 
 @pytest.mark.parametrize(
@@ -98,3 +106,15 @@ def test_a_pcie_cards_link_is_its_pcie_generation_at_x16():
     assert pcie_link_gbps(CATALOG["H100-SXM"]) == 64  # Gen5
     assert pcie_link_gbps(CATALOG["A100-80GB"]) == 32  # Gen4
     assert pcie_link_gbps(CATALOG["V100-32GB"]) == 16  # Gen3
+
+
+def test_every_nvidia_gpu_has_its_compute_capability_and_amd_none():
+    """The memory model sizes cuBLAS's workspaces by the compute capability: every NVIDIA entry
+    needs one (a new GPU too), the AMD entries run ROCm and have none."""
+    nvidia = {key for key, spec in CATALOG.items() if spec.name.startswith("NVIDIA")}
+    assert set(COMPUTE_CAPABILITY) == nvidia
+    assert compute_capability("H100") == (9, 0) and compute_capability("B200") == (10, 0)
+    assert compute_capability("a100") == (8, 0) and compute_capability("4090") == (8, 9)
+    assert compute_capability("MI300X") is None
+    with pytest.raises(ZerofitError):
+        compute_capability("H1000")

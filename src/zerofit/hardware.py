@@ -184,6 +184,28 @@ def is_hopper(name: str) -> bool:
     return name.upper().startswith(HOPPER_KEYS)
 
 
+# CUDA compute capability (major, minor) of each NVIDIA catalog GPU, as NVIDIA's "CUDA GPUs"
+# table lists it: Blackwell B200 10.0; Hopper 9.0; Ada 8.9; Ampere A100 / A800 8.0, its GA10x
+# cards 8.6; Turing 7.5; Volta 7.0. What torch reads as ``get_device_properties().major/minor``
+# and sizes per-architecture defaults by (memory/overheads.py: cuBLAS's workspace). The AMD
+# entries run ROCm and have none.
+COMPUTE_CAPABILITY: dict[str, tuple[int, int]] = {
+    "B200": (10, 0),
+    **{key: (9, 0) for key in ("H200", "H100-NVL", "H100-PCIE", "H100-SXM", "H800", "H20")},
+    **{key: (8, 0) for key in ("A100-80GB", "A100-40GB", "A800")},
+    **{key: (8, 9) for key in ("L40S", "L4", "RTX4090", "L20")},
+    **{key: (8, 6) for key in ("A6000", "A10", "RTX3090", "A40")},
+    **{key: (7, 5) for key in ("T4", "TITAN-RTX", "RTX2080TI")},
+    **{key: (7, 0) for key in ("V100-32GB", "V100-16GB")},
+}
+
+
+def compute_capability(name: str) -> tuple[int, int] | None:
+    """The CUDA compute capability of the catalog GPU ``name`` (key or alias, as ``lookup``
+    takes it); None for a GPU that does not run CUDA (AMD Instinct, under ROCm)."""
+    return COMPUTE_CAPABILITY.get(lookup(name).key)
+
+
 def lookup(name: str) -> GpuSpec:
     """Return the catalog entry for ``name`` (case-insensitive key or alias)."""
     key = name.strip().upper().replace(" ", "-")

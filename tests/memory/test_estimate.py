@@ -26,7 +26,8 @@ P = QWEN25_05B.params  # 494,032,768
 
 
 def _setup_for(point) -> TrainSetup:
-    # the calibration runs left every bucket at DeepSpeed's default (5e8 elements)
+    # the calibration runs left every bucket at DeepSpeed's default (5e8 elements), on an H100
+    # (its cuBLAS workspaces are in the measured peak)
     return TrainSetup(
         stage=point["stage"],
         offload_optimizer=point["offload"],
@@ -34,11 +35,13 @@ def _setup_for(point) -> TrainSetup:
         seq_len=point["seq"],
         gradient_checkpointing=point["gc"],
         buckets=DEEPSPEED_DEFAULT_BUCKETS,
+        gpu="H100-SXM",
     )
 
 
-def test_calibration_points_within_2_percent():
-    """Issue 8 target: max |error| <= 2 %, no point more than 1 % under."""
+def test_calibration_points_within_0_3_percent():
+    """Every calibration point within 0.3 % of its measured peak (the measured peaks are
+    rounded to 0.001 GiB), the cuBLAS workspaces counted; without them each is 66 MiB under."""
     points = calibration_points()
     if not points:
         pytest.skip("calibration file not present")
@@ -53,7 +56,7 @@ def test_calibration_points_within_2_percent():
             f"predicted {est.peak_gib:7.3f} GiB  {err:+6.1%}  ({est.phase})"
         )
     print("\n" + "\n".join(rows) + f"\nworst |error| {worst:.1%}")
-    assert worst <= 0.02 and most_under >= -0.01
+    assert worst <= 0.003 and most_under >= -0.003
 
 
 def test_allocator_term_stays_inside_the_measured_reserved_gap():
@@ -189,10 +192,13 @@ def test_fits_and_gib_views():
 
 
 def test_known_breakdown_qwen05b_stage2_seq1024_mbs2():
-    """One case spelled out. Qwen2.5-0.5B, ZeRO-2, 1 GPU, bf16, seq 1024 x 2, no checkpointing."""
+    """One case spelled out. Qwen2.5-0.5B, ZeRO-2, 1 H100, bf16, seq 1024 x 2, no checkpointing
+    (the first calibration point: 12.650 GiB measured)."""
     est = estimate_memory(
         QWEN25_05B,
-        TrainSetup(stage=2, micro_batch=2, seq_len=1024, buckets=DEEPSPEED_DEFAULT_BUCKETS),
+        TrainSetup(
+            stage=2, micro_batch=2, seq_len=1024, buckets=DEEPSPEED_DEFAULT_BUCKETS, gpu="H100-SXM"
+        ),
     )
     assert est.phase == "forward"  # the loss path at the start of backward sets the peak
     b = est.breakdown
@@ -207,7 +213,11 @@ def test_known_breakdown_qwen05b_stage2_seq1024_mbs2():
     # loss path at the start of backward: fp32 log_softmax, its grad and the grad it makes:
     # 3 x 4 x V
     assert b["logits"] == tokens * 3 * 4 * 151_936  # 3,733,979,136
-    assert est.peak_bytes == 14 * P + 2_836_004_864 + 3_733_979_136  # 13,486,442,752 B = 12.56 GiB
+    # torch's cuBLAS workspaces, from the caching allocator: on Hopper 32 MiB (cuBLAS) + 1 MiB
+    # (cuBLASLt) for each of the two threads that multiply, the forward's and autograd's
+    assert b["cublas_workspace"] == 2 * (32 + 1) * 1024**2  # 69,206,016
+    # 13,555,648,768 B = 12.625 GiB (12.650 measured)
+    assert est.peak_bytes == 14 * P + 2_836_004_864 + 3_733_979_136 + 69_206_016
 
 
 # (hidden, intermediate, vocab, micro batch, seq len): a loss-bound shape (forward peak), an

@@ -1,5 +1,6 @@
 """What the GPU holds outside max_memory_allocated: NCCL buffers by world size and node count, the
-allocator term, vLLM's share, and how `fits` adds them up.
+allocator term, vLLM's share, and how `fits` adds them up; and the cuBLAS workspaces it holds
+inside it.
 
 Run: .venv/bin/python -m pytest tests/memory/test_overheads.py -q   (~1 s)
 """
@@ -53,6 +54,38 @@ def test_fits_adds_every_outside_term_and_the_margin():
     exact = need / GIB + 1.0  # + the default 1 GiB margin
     assert est.fits(exact + 0.01) and not est.fits(exact - 0.01)
     assert est.fits(exact - 0.5, safety_margin_gib=0.0)
+
+
+def test_cublas_workspaces_follow_the_gpus_architecture_and_need_cuda():
+    """torch's default workspace per cuBLAS handle and stream (CublasHandlePool.cpp
+    ``parseChosenWorkspaceSize``): 32 MiB on Hopper and Blackwell, 8.125 MiB on older GPUs, each
+    with a 1 MiB cuBLASLt one, for the two threads a step multiplies on. A step that runs on no
+    CUDA GPU has none: a CPU rank, or an AMD GPU under ROCm."""
+    hopper = 2 * (32 * MIB + MIB)
+    assert hopper == 69_206_016  # what every H100 process of the LoRA benchmark kept allocated
+    for gpu in ("H100-SXM", "H100", "H200", "H800", "H20", "B200"):
+        assert oh.cublas_workspace_bytes(gpu) == hopper, gpu
+    older = 2 * (8 * MIB + 128 * 1024 + MIB)  # ":4096:2:16:8" = 8.125 MiB
+    for gpu in ("A100-80GB", "A10", "L4", "RTX4090", "T4", "V100"):
+        assert oh.cublas_workspace_bytes(gpu) == older, gpu
+    assert oh.cublas_workspace_bytes(None) == 0
+    assert oh.cublas_workspace_bytes("MI300X") == oh.cublas_workspace_bytes("MI250X") == 0
+
+
+def test_the_estimate_holds_the_cublas_workspaces_in_every_phase_on_a_cuda_gpu():
+    """The workspaces are allocated at each thread's first matmul and kept, so every phase holds
+    them: the peak's phase and the allocator term stay what they are without them. The CPU
+    probes' setups name no GPU, and their estimate has no such term (there is no cuBLAS on a
+    CPU)."""
+    base = TrainSetup(workload="dpo", micro_batch=2, seq_len=512)
+    on_cpu = estimate_memory(QWEN25_05B, base)
+    on_h100 = estimate_memory(QWEN25_05B, dataclasses.replace(base, gpu="H100-SXM"))
+    assert "cublas_workspace" not in on_cpu.breakdown
+    assert on_h100.breakdown["cublas_workspace"] == oh.cublas_workspace_bytes("H100-SXM")
+    assert set(on_cpu.phases) == {"forward", "backward", "step", "reference"}
+    for phase, total in on_cpu.phases.items():
+        assert on_h100.phases[phase] == total + oh.cublas_workspace_bytes("H100-SXM"), phase
+    assert (on_h100.phase, on_h100.allocator_bytes) == (on_cpu.phase, on_cpu.allocator_bytes)
 
 
 def test_vllm_colocated_takes_its_share_and_replaces_the_rollout():

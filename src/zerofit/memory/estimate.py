@@ -10,6 +10,9 @@ Pure arithmetic in bytes, no torch import. The peak is the maximum over the phas
 - ``reference`` (dpo/grpo with reference) the frozen model's forward without grad;
 - ``rollout``  (grpo, transformers generate) generation with its KV cache and sampling logits.
 
+Every phase also holds cuBLAS's workspaces on a CUDA GPU (``cublas_workspace``,
+``overheads.cublas_workspace_bytes``): torch takes them from the caching allocator.
+
 What the GPU holds outside max_memory_allocated (CUDA context, allocator fragmentation, NCCL
 buffers, a colocated vLLM's share) is computed in ``overheads`` and added by ``gpu_need_bytes``;
 ``fits`` compares that total plus a small safety margin with the GPU's memory.
@@ -73,6 +76,10 @@ class TrainSetup:
     vllm_gpu_memory_utilization: float | None = None  # grpo: colocated vLLM's share of the GPU
     steps_per_generation: int | None = None  # grpo: None = grad_accum (TRL default)
     interconnect: str = "nvlink"  # intra-node link, sizes NCCL's channels
+    # the GPU the step runs on (a hardware.CATALOG key): its compute capability sizes cuBLAS's
+    # workspaces (overheads.cublas_workspace_bytes); None: no CUDA GPU (a CPU rank, as the CPU
+    # probes run), so no cuBLAS
+    gpu: str | None = None
     # the micro batch is padded to its longest sequence (an attention mask with zeros:
     # activations.padded_attention_bytes); False: equal-length rows, packed or padding-free, as
     # the calibration runs fed them (random ids, no attention_mask)
@@ -398,6 +405,11 @@ def estimate_memory(model, setup: TrainSetup) -> MemoryEstimate:
         # TRL generates outside autocast (GRPOTrainer._generate_single_turn: torch.no_grad()
         # only), so without DeepSpeed generation runs in the weights' dtype
         phases["rollout"] = {**resident, **_rollout(model, setup, sizes.weight_bytes)}
+    workspaces = oh.cublas_workspace_bytes(setup.gpu)
+    if workspaces:
+        # allocated at the first matmul of each thread and kept: every phase holds them
+        for parts in phases.values():
+            parts["cublas_workspace"] = workspaces
 
     totals = {name: sum(parts.values()) for name, parts in phases.items()}
     peak_phase = max(totals, key=totals.get)

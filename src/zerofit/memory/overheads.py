@@ -7,21 +7,26 @@ cuBLAS workspaces, which it holds inside it.
   ``getNewWorkspace`` call ``CUDACachingAllocator::get()->allocate``; allocating it there, not
   letting cuBLAS ``cudaMallocAsync`` outside, is deliberate, see the comment in
   ``getCurrentCUDABlasHandle``). Its size is ``CUBLAS_WORKSPACE_CONFIG``, by default
-  ``:4096:8`` (32 MiB) on Hopper (sm90) and ``:4096:2:16:8`` (8.125 MiB) elsewhere
-  (``parseChosenWorkspaceSize``), plus a separate cuBLASLt workspace per handle and stream
-  (``getCUDABlasLtWorkspace``, ``CUBLASLT_WORKSPACE_SIZE`` default 1024 KiB; shared with the
-  cuBLAS one only under ``TORCH_CUBLASLT_UNIFIED_WORKSPACE=1``). Handles are per thread, and a
-  training step multiplies on two: the forward on the caller's thread, the backward on
-  autograd's device thread. Two times 33 MiB is the 69,206,016 bytes every H100 process of
+  ``:4096:8`` (32 MiB) on Hopper and Blackwell and ``:4096:2:16:8`` (8.125 MiB) elsewhere
+  (``parseChosenWorkspaceSize``: compute capability major 9 only in torch before pytorch/pytorch
+  PR 175344 of February 2026, then 9, 10 and 12, and 11 since PR 189312; the older rule gives a
+  Blackwell GPU 8.125 MiB, 48 MiB less than counted here over two threads), plus a separate
+  cuBLASLt workspace per handle and stream (``getCUDABlasLtWorkspace``,
+  ``CUBLASLT_WORKSPACE_SIZE`` default 1024 KiB: the measured torch's; the cuBLAS one serves
+  cuBLASLt too under ``TORCH_CUBLASLT_UNIFIED_WORKSPACE``, which later torch turns on by default,
+  PR 168175, 1 MiB less per thread). Handles are per thread, and a training step
+  multiplies on two: the forward on the caller's thread, the backward on autograd's device
+  thread. Two times 33 MiB is the 69,206,016 bytes every H100 process of
   benchmarks/gpu_lora_memory.py kept allocated after its first step
   (tests/data/gpu_lora_memory_h100_stacks.jsonl, ``start_allocated``), and what the nine H100
-  calibration points are under (tests/memory/test_estimate.py: 0.063-0.066 GiB,
-  one 0.090).
-  ``cublas_workspace_bytes`` gives it; the estimate's ``peak_bytes`` does not include it yet
-  (its breakdown is the step's own tensors, which the CPU probes measure), the GPU benchmarks
-  add it where they compare with ``max_memory_allocated``, and the safety margin covers it in
-  the verdict. The CUDA-context term below is measured beyond ``max_memory_reserved``, so it
-  does not count these workspaces a second time.
+  calibration points were under without it (tests/memory/test_estimate.py: 0.063-0.066 GiB,
+  one 0.090). ``cublas_workspace_bytes`` gives it by the GPU's compute capability
+  (hardware.COMPUTE_CAPABILITY), and the estimate counts it in every phase
+  (``cublas_workspace``); a step that runs on no CUDA GPU has none: a CPU rank (what the CPU
+  probes run; ``TrainSetup.gpu`` None) or an AMD GPU, whose ROCm build sizes hipBLAS's and
+  hipBLASLt's workspaces otherwise (not measured; the safety margin covers them). The
+  CUDA-context term below is measured beyond ``max_memory_reserved``, so it does not count these
+  workspaces a second time.
 
 - **CUDA context**: driver/runtime state and kernel images. Measured on the calibration H100
   (tests/data/mem_h100_qwen2.5-0.5b.jsonl, torch 2.11 + CUDA 13, DeepSpeed 0.19.8): 0.514 GiB
@@ -68,6 +73,8 @@ cuBLAS workspaces, which it holds inside it.
 
 from __future__ import annotations
 
+from zerofit.hardware import compute_capability
+
 GIB = 1024**3
 MIB = 1024**2
 CUDA_CONTEXT_BYTES = int(0.5 * GIB)  # before the model: 0.514 GiB measured
@@ -79,13 +86,14 @@ NCCL_LL_BUFFSIZE = 8 * 512 * 8 * 16
 NCCL_LL128_BUFFSIZE = 120 * 640 * 8 * 8
 # Channels NCCL opens (its topology search): up to 16 rings over NVLink/NVSwitch, a few on PCIe.
 NCCL_CHANNELS = {"nvlink": 16, "pcie": 4}
-# Margin over the sum of every modelled term: the cuBLAS workspaces (below: inside the caching
-# allocator, 66 MiB on Hopper), cuDNN's, NCCL's NVLS/registration buffers on NVSwitch systems,
-# library version drift.
+# Margin over the sum of every modelled term: cuDNN's workspaces, NCCL's NVLS/registration
+# buffers on NVSwitch systems, an AMD GPU's hipBLAS workspaces, library version drift.
 DEFAULT_SAFETY_MARGIN_GIB = 1.0
 # CublasHandlePool.cpp parseChosenWorkspaceSize: CUBLAS_WORKSPACE_CONFIG's default per handle and
-# stream, ":4096:8" on sm90, ":4096:2:16:8" elsewhere; parseCUDABlasLtWorkspaceSize: 1024 KiB
-CUBLAS_WORKSPACE_HOPPER = 4096 * 8 * 1024
+# stream, ":4096:8" on the compute capabilities below, ":4096:2:16:8" elsewhere;
+# parseCUDABlasLtWorkspaceSize: 1024 KiB
+CUBLAS_WORKSPACE_32MIB_MAJORS = (9, 10, 11, 12)  # Hopper, Blackwell (B200, Thor, RTX 50)
+CUBLAS_WORKSPACE_32MIB = 4096 * 8 * 1024
 CUBLAS_WORKSPACE_OTHER = 4096 * 1024 * 2 + 16 * 1024 * 8
 CUBLASLT_WORKSPACE = 1024 * 1024
 # the threads a training step multiplies on: the forward's (the caller's) and autograd's device
@@ -106,11 +114,17 @@ def cuda_context_bytes(stage: int, deepspeed: bool) -> int:
     return int(CUDA_CONTEXT_IN_DEEPSPEED_TRAINING_GIB[key] * GIB)
 
 
-def cublas_workspace_bytes(hopper: bool = True, threads: int = CUBLAS_TRAINING_THREADS) -> int:
+def cublas_workspace_bytes(gpu: str | None, threads: int = CUBLAS_TRAINING_THREADS) -> int:
     """The cuBLAS and cuBLASLt workspaces a training process keeps allocated from its first
     step on, inside ``max_memory_allocated`` (see the module docstring): one pair per thread
-    that multiplies, 33 MiB each on Hopper (H100, H200), 9.125 MiB on other GPUs."""
-    cublas = CUBLAS_WORKSPACE_HOPPER if hopper else CUBLAS_WORKSPACE_OTHER
+    that multiplies, 33 MiB each on Hopper and Blackwell, 9.125 MiB on older GPUs. 0 where the
+    step runs on no CUDA GPU: ``gpu`` None (a CPU rank) or a catalog GPU without a CUDA compute
+    capability (AMD, ROCm)."""
+    capability = compute_capability(gpu) if gpu else None
+    if capability is None:
+        return 0
+    large = capability[0] in CUBLAS_WORKSPACE_32MIB_MAJORS
+    cublas = CUBLAS_WORKSPACE_32MIB if large else CUBLAS_WORKSPACE_OTHER
     return threads * (cublas + CUBLASLT_WORKSPACE)
 
 

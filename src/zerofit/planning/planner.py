@@ -396,6 +396,7 @@ def build_setup(
         vllm_gpu_memory_utilization=answers.vllm_gpu_memory_utilization,
         steps_per_generation=answers.steps_per_generation,
         interconnect=inputs.network.interconnect,
+        gpu=inputs.gpu.key,
         padded=pads_batches(answers, micro_batch),
         weights_dtype=answers.weights_dtype,
         finetuning=answers.finetuning,
