@@ -116,8 +116,10 @@ def test_plan_json_and_table(capsys):
 
 
 def test_calibration_points_through_the_users_ds_config(capsys, tmp_path):
-    """Issue 8: every H100 point estimated from a JSON holding exactly what the run used
-    (DeepSpeed's default buckets), the torch AdamW client optimizer = the accelerate stack."""
+    """Every H100 point estimated from a JSON holding exactly what the run used (DeepSpeed's
+    default buckets), the torch AdamW client optimizer = the accelerate stack: within 0.3 %, as
+    tests/memory/test_estimate.py checks the same points (the H100's cuBLAS workspaces
+    counted)."""
     import pathlib
 
     base = json.loads(
@@ -168,7 +170,7 @@ def test_calibration_points_through_the_users_ds_config(capsys, tmp_path):
         )
         err = out["peak_gib"] / pt["peak_alloc_gib"] - 1
         rows.append(err)
-        assert -0.01 <= err <= 0.02, (pt, out["peak_gib"])
+        assert -0.003 <= err <= 0.003, (pt, out["peak_gib"])
     assert len(rows) == 9
 
 
