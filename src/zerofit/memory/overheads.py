@@ -9,7 +9,7 @@ cuBLAS workspaces, which it holds inside it.
   ``getCurrentCUDABlasHandle``). Its size is ``CUBLAS_WORKSPACE_CONFIG``, by default
   ``:4096:8`` (32 MiB) on Hopper and Blackwell and ``:4096:2:16:8`` (8.125 MiB) elsewhere
   (``parseChosenWorkspaceSize``: compute capability major 9 only in torch before pytorch/pytorch
-  PR 175344 of February 2026, then 9, 10 and 12, and 11 since PR 189312; the older rule gives a
+  PR 175344 of February 2026, then 9, 10 and 12, PR 189312 adding 11; the older rule gives a
   Blackwell GPU 8.125 MiB, 48 MiB less than counted here over two threads), plus a separate
   cuBLASLt workspace per handle and stream (``getCUDABlasLtWorkspace``,
   ``CUBLASLT_WORKSPACE_SIZE`` default 1024 KiB: the measured torch's; the cuBLAS one serves
