@@ -82,8 +82,8 @@ def test_single_node_sft_flow_with_an_override():
             + CLEAR
             + "4096\r"  # seq_len
             + "64\r"  # global batch
-            + "\r"  # precision: bf16 (A100 has it)
-            + "\r"  # loss: the stack's default (the loss path changes this plan's pick)
+            + "\r"  # precision: bf16 (A100 has it); no loss question: the loss path does not
+            # change this plan's pick (test_questions.py covers when it is asked)
         )
         inp.send_text(DOWN + "\r" + DOWN * 4 + "\r" + "\r")  # change stage -> ZeRO-3  # accept
         term = terminal(inp)
