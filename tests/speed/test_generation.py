@@ -247,3 +247,44 @@ def test_grpo_on_a_device_profile_reads_the_profile_rates():
     faster_memory = dataclasses.replace(measured, memory_gbps=40.0)
     fast = estimate_step_time(GRPO, QWEN7B, cpu_profile(faster_memory))
     assert 0 < fast.generation_s < slow.generation_s
+
+
+def test_padded_prefill_and_scoring_count_the_attention_square_the_kernel_computes():
+    """Under transformers TRL left-pads the prompts into one batch with its mask
+    (grpo_trainer.py ``_generate_single_turn``, trl/trainer/utils.py ``pad``), and the reference
+    scores prompt + completion under ``torch.cat([prompt_mask, completion_mask])``: on padded
+    batches SDPA and eager compute the whole seq x seq square, flash-attention the causal half
+    (step_time.py ``attention_skips_masked_blocks``). vLLM prefills the unpadded prompts with its
+    causal varlen kernel: the half. Decode steps (one query token) are unchanged."""
+    torch = pytest.importorskip("torch")
+    from trl.trainer.utils import pad
+
+    from zerofit.speed.flops import forward_flops_per_sequence
+
+    prompts = [torch.tensor([5, 6, 7]), torch.tensor([8])]
+    mask = pad([torch.ones_like(p) for p in prompts], padding_value=0, padding_side="left")
+    assert mask.tolist() == [[1, 1, 1], [0, 0, 1]]  # zeros: transformers hands SDPA the mask
+
+    long = dataclasses.replace(GRPO, seq_len=8192, completion_len=4096, reference_model=True)
+
+    def generation(**changes):
+        setup = dataclasses.replace(long, **changes)
+        return estimate_generation_time(setup, QWEN7B, H100, ring_gbps=RING)
+
+    def whole_over_half(seq_len):
+        half = forward_flops_per_sequence(QWEN7B, seq_len)
+        whole = forward_flops_per_sequence(QWEN7B, seq_len, skips_masked_blocks=False)
+        return sum(whole.values()) / sum(half.values())
+
+    unpadded, padded = generation(padded=False), generation(padded=True)
+    assert padded.prefill_s / unpadded.prefill_s == pytest.approx(whole_over_half(4096))
+    assert padded.scoring_s / unpadded.scoring_s == pytest.approx(whole_over_half(8192))
+    assert padded.decode_s == unpadded.decode_s and padded.weights_s == unpadded.weights_s
+    assert generation(padded=True, attention="eager") == padded
+    assert generation(padded=False, attention="eager") == padded
+    assert generation(padded=True, attention="flash_attention_2") == unpadded
+    vllm = dict(vllm_gpu_memory_utilization=0.3)
+    vllm_padded, vllm_unpadded = generation(padded=True, **vllm), generation(padded=False, **vllm)
+    assert vllm_padded.prefill_s == vllm_unpadded.prefill_s == unpadded.prefill_s
+    assert vllm_padded.scoring_s == padded.scoring_s
+    assert vllm_padded.decode_s == vllm_unpadded.decode_s

@@ -545,3 +545,41 @@ def test_padding_answers_reach_the_attention_count():
     assert step_of(attention="eager", padding=False).compute_s == padded.compute_s
     flash = dict(attention="flash_attention_2")
     assert step_of(**flash, padding=True) == step_of(**flash, padding=False) == unpadded
+
+
+def test_a_model_without_sdpa_counts_the_eager_attention_transformers_runs():
+    """transformers loads a class without ``_supports_sdpa`` (Gemma2: sdpa cannot soft-cap) with
+    eager attention where sdpa is the default (modeling_utils.py
+    ``_check_and_adjust_attn_implementation`` -> ``get_correct_attn_implementation``), so an
+    unpadded sdpa step computes the whole square, as the memory model's trace says
+    (``activations_basis``: traced_eager). A traced class that has sdpa (Phi-3) keeps the
+    causal half, as does flash-attention on both."""
+    pytest.importorskip("transformers")
+    from memory_shapes import TINY_DECODER
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from zerofit.memory.activations import activations_basis
+    from zerofit.models.resolve import spec_from_config
+    from zerofit.speed.step_time import attention_skips_masked_blocks
+
+    # special token ids inside the tiny vocabulary, so that the trace can build the embedding
+    tiny = dict(TINY_DECODER, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    setup = dataclasses.replace(LONG_ROWS, micro_batch=1)  # unpadded: sdpa would skip
+    for model_type, loaded in (("gemma2", "eager"), ("phi3", "sdpa")):
+        config = AutoConfig.for_model(model_type, **tiny)
+        assert AutoModelForCausalLM.from_config(config).config._attn_implementation == loaded
+        model = spec_from_config({"model_type": model_type, **tiny}, f"tiny-{model_type}")
+        basis = activations_basis(model, 2, "sdpa")
+        assert basis == ("traced_eager" if loaded == "eager" else "traced")
+        assert attention_skips_masked_blocks(setup, model) == (loaded == "sdpa")
+
+        def step_of(model=model, **changes):
+            return estimate_step_time(dataclasses.replace(setup, **changes), model, H100)
+
+        whole = step_of(attention="eager")
+        half = step_of(attention="flash_attention_2")
+        assert half.compute_s < whole.compute_s
+        assert step_of() == (whole if loaded == "eager" else half)
+        assert step_of(padded=True) == whole
+    # a formula family (sdpa and flash in every class) is never traced for it: unchanged
+    assert attention_skips_masked_blocks(setup, MODEL) == attention_skips_masked_blocks(setup)

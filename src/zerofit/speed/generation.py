@@ -7,7 +7,14 @@ num_iterations``; ``_generate_single_turn``). Each rank generates its own share:
 ``micro_batch x steps_per_generation`` completions of ``completion_len`` tokens after prompts of
 ``seq_len - completion_len``. A round is:
 
-- prefill: the prompts' forward, compute-bound, at the training step's efficiency curve;
+- prefill: the prompts' forward, compute-bound, at the training step's efficiency curve. Under
+  transformers the prompts are left-padded into one batch with its attention mask
+  (grpo_trainer.py ``_generate_single_turn``: ``pad(..., padding_side="left")`` of the ids and
+  of a ones mask, both handed to ``generate``), so attention's products are counted as the
+  training step counts them on a padded batch (step_time.py ``attention_skips_masked_blocks``:
+  the whole square under SDPA and eager). vLLM runs its own kernel on the unpadded prompts
+  (vllm/v1/attention/backends/flash_attn.py ``FlashAttentionImpl.forward``:
+  ``flash_attn_varlen_func`` with ``cu_seqlens_q`` and the causal flag): the causal half;
 - decode: ``completion_len`` steps, each reading every weight once and the KV cache of the whole
   batch (memory-bound: bytes over HBM bandwidth at ``DECODE_HBM_EFFICIENCY``), or the batch's
   matmuls when the batch is large enough to be compute-bound, plus the engine's fixed cost per
@@ -21,7 +28,15 @@ num_iterations``; ``_generate_single_turn``). Each rank generates its own share:
   optimizer step (trl/generation/vllm_generation.py ``VLLMGeneration.sync_weights``: each
   parameter, gathered under ZeRO-3, into ``model.load_weights``);
 - scoring: the reference model's log-probabilities of every completion when ``beta > 0``
-  (``_generate_and_score_completions``), a no-grad forward over the generation batch.
+  (``_generate_and_score_completions``), a no-grad forward over the generation batch, whatever
+  engine generated it, through transformers with the batch's mask (``attention_mask =
+  torch.cat([prompt_mask, completion_mask], dim=1)``: left-padded prompts, completions padded
+  after their EOS): attention counted as the training step counts it.
+
+Decode steps need no such rule: each feeds one query token per sequence, so SDPA gets
+``is_causal`` False whatever the mask (integrations/sdpa_attention.py: ``q_length > 1``) and
+every kernel reads the whole cache once: products linear in the context, as counted below
+(``decode_step_seconds``).
 
 Completions are taken to run to ``completion_len``: transformers' ``generate`` keeps stepping
 until every sequence of the batch has ended, and a GRPO batch nearly always holds one that has
@@ -47,7 +62,7 @@ from zerofit.hardware import GpuSpec
 from zerofit.memory.estimate import GIB, TrainSetup
 from zerofit.models.resolve import ModelSpec
 from zerofit.speed.device import DeviceProfile
-from zerofit.speed.flops import estimate_step_flops
+from zerofit.speed.flops import forward_flops_per_sequence, step_flops_from_terms
 
 # Share of the HBM datasheet bandwidth a decode step's weight and KV reads reach, 0.85: a
 # streaming kernel's usual fraction of the datasheet (between NCCL's 0.8 of a link,
@@ -170,6 +185,15 @@ def vllm_waves(
     return math.ceil(sequences / max(1, min(sequences, fits)))
 
 
+def forward_flops(
+    model: ModelSpec, seq_len: int, sequences: int, skips_masked_blocks: bool
+) -> float:
+    """FLOPs of a no-grad forward over ``sequences`` sequences of ``seq_len`` tokens, attention's
+    products at the causal half or the whole square (flops.py ``skips_masked_blocks``)."""
+    terms = forward_flops_per_sequence(model, seq_len, skips_masked_blocks=skips_masked_blocks)
+    return step_flops_from_terms(terms, sequences=sequences).forward
+
+
 def estimate_generation_time(
     setup: TrainSetup,
     model: ModelSpec,
@@ -185,16 +209,18 @@ def estimate_generation_time(
     collective reaches, GB/s (step_time.Links.ring_gbps), for ZeRO-3's gathers.
     ``gather_for_generation``: TRL's ``ds3_gather_for_generation``.
     """
-    from zerofit.speed.step_time import as_device, ring_seconds
+    from zerofit.speed.step_time import as_device, attention_skips_masked_blocks, ring_seconds
 
     device = as_device(gpu)
+    # the padded batches transformers runs: the kernel the training step runs (module docstring)
+    skips_masked_blocks = attention_skips_masked_blocks(setup, model)
 
     rounds = generation_rounds(setup)
     sequences = completions_per_round(setup)
     prompt = max(1, setup.seq_len - setup.completion_len)
     vllm = bool(setup.vllm_gpu_memory_utilization)
     peak = device.peak_tflops * 1e12
-    prefill_flops = estimate_step_flops(model, seq_len=prompt, sequences=sequences).forward
+    prefill_flops = forward_flops(model, prompt, sequences, vllm or skips_masked_blocks)
     prefill_s = prefill_flops / (peak * device.efficiency.at(sequences * prompt))
     # vLLM loads the checkpoint in 16 bits; transformers generates with the training weights:
     # the compute dtype under DeepSpeed, the load dtype without it (TrainSetup.weight_bytes)
@@ -225,7 +251,7 @@ def estimate_generation_time(
         decode_s = rounds * setup.completion_len * step_s
     scoring_s = 0.0
     if setup.uses_reference:
-        scored = estimate_step_flops(model, seq_len=setup.seq_len, sequences=sequences).forward
+        scored = forward_flops(model, setup.seq_len, sequences, skips_masked_blocks)
         tokens = setup.micro_batch * setup.seq_len  # scored in micro batches
         scoring_s = rounds * scored / (peak * device.efficiency.at(tokens))
     return GenerationTime(

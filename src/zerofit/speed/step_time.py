@@ -30,7 +30,8 @@ import math
 from dataclasses import dataclass
 
 from zerofit.hardware import GpuSpec, is_hopper
-from zerofit.memory.estimate import DTYPE_BYTES, TrainSetup
+from zerofit.memory.activations import activations_basis
+from zerofit.memory.estimate import DTYPE_BYTES, TrainSetup, step_sizes
 from zerofit.memory.lora import is_adapter, layer_linear_shapes, targeted_modules
 from zerofit.memory.param_layout import zero3_kept_gathered_elements
 from zerofit.models.resolve import ModelSpec
@@ -595,18 +596,40 @@ def attention_sample_len(setup: TrainSetup, sample_len: int | None) -> int | Non
 # - eager never does: ``eager_attention_forward`` (models/llama/modeling_llama.py) runs
 #   ``torch.matmul(query, key.transpose(2, 3))`` over the whole square, adds the mask, then
 #   multiplies the whole probability matrix by V, padded or not.
+# - a model class without the kernel asked for runs eager: transformers loads a class without
+#   ``_supports_sdpa`` with eager when no implementation is named (modeling_utils.py
+#   ``_check_and_adjust_attn_implementation`` -> ``get_correct_attn_implementation``: sdpa is the
+#   default, eager where ``_sdpa_can_dispatch`` refuses; named, sdpa refuses to load). Gemma2
+#   has ``_supports_sdpa = False`` (sdpa cannot soft-cap). The memory model traces that class
+#   and says so (memory/activations.py ``activations_basis``: ``traced_eager``); the speed model
+#   counts what it says runs (``runs_eager_attention``).
 CAUSAL_SKIPPING_ATTENTION = ("flash_attention_2", "flash_attention_3")
 
 
-def attention_skips_masked_blocks(setup: TrainSetup) -> bool:
+def attention_skips_masked_blocks(setup: TrainSetup, model: ModelSpec | None = None) -> bool:
     """Whether the setup's attention kernel skips the blocks the causal mask hides (half the
     seq x seq products) rather than computing the whole square: flash-attention always, SDPA
-    on unpadded batches only (``setup.padded``: memory/estimate.py), eager never."""
+    on unpadded batches only (``setup.padded``: memory/estimate.py), eager never, nor a
+    ``model`` whose class transformers runs eager whatever was asked
+    (``runs_eager_attention``; None: the kernel asked runs)."""
     if setup.attention in CAUSAL_SKIPPING_ATTENTION:
-        return True
-    if setup.attention == "sdpa":
-        return not setup.padded
-    return False
+        skips = True
+    elif setup.attention == "sdpa":
+        skips = not setup.padded
+    else:
+        return False
+    return skips and (model is None or not runs_eager_attention(setup, model))
+
+
+def runs_eager_attention(setup: TrainSetup, model: ModelSpec) -> bool:
+    """Whether transformers runs eager attention for ``model`` where ``setup.attention`` asks for
+    a kernel: the memory model's traced layer found no kernel of that kind in the model class
+    (memory/activations.py ``activations_basis``, asked as memory/estimate.py asks it, so the
+    trace is the one the memory estimate made). Formula families, which all have sdpa and flash,
+    and untraced models (no config.json, remote code) keep the kernel asked."""
+    sizes = step_sizes(model, setup)
+    basis = activations_basis(model, sizes.compute_bytes, setup.attention, sizes.residual_bytes)
+    return basis.startswith("traced_eager")
 
 
 def layer_submodules(model: ModelSpec) -> int:
@@ -781,16 +804,18 @@ def estimate_step_time(
     ``sample_len``: the mean tokens of the samples packed into each row (packing or
     padding-free collation); their attention shrinks where the kernel keeps them apart
     (``attention_sample_len``). None: each row is one sequence.
-    Attention's products count the causal half or the whole square as ``setup.attention`` runs
-    them on ``setup.padded`` batches (``attention_skips_masked_blocks``).
+    Attention's products count the causal half or the whole square as ``setup.attention`` (or
+    the eager attention a model class without that kernel runs instead) computes them on
+    ``setup.padded`` batches (``attention_skips_masked_blocks``).
     """
     trainable = model.params if trainable_params is None else trainable_params
     frozen = trainable < model.params
     trained, reference = sequences_per_micro_step(setup)
     sample_len = attention_sample_len(setup, sample_len)
     # an encoder-decoder's decoder and LM head run on its targets (``decoder_len``; None: seq_len)
+    skips_masked_blocks = attention_skips_masked_blocks(setup, model)
     terms = forward_flops_per_sequence(
-        model, setup.seq_len, setup.target_len, sample_len, attention_skips_masked_blocks(setup)
+        model, setup.seq_len, setup.target_len, sample_len, skips_masked_blocks
     )
     flops = step_flops_from_terms(
         terms,
