@@ -589,10 +589,14 @@ def attention_sample_len(setup: TrainSetup, sample_len: int | None) -> int | Non
 #   ``num_keys`` cut to ``query_start + kQueriesPerBlock`` for the causal ``custom_mask_type``).
 # - SDPA on a padded batch does not: the mask has zeros, so transformers passes the 4D boolean
 #   mask and ``is_causal=False``; a non-null ``attn_mask`` rules out the flash kernel (torch
-#   sdp_utils_cpp.h ``check_for_attn_mask``), and the memory-efficient kernel runs with
-#   ``NoCustomMask`` (attention.cu ``_scaled_dot_product_efficient_attention_cuda``: the causal
-#   mask type only when ``is_causal``), loops over every key block and adds the mask as a bias
-#   tile by tile (kernel_forward.h, ``attn_bias_ptr``): the whole square.
+#   sdp_utils_cpp.h ``check_for_attn_mask``), and the kernel that takes the mask computes the
+#   whole square. The memory-efficient kernel runs with ``NoCustomMask`` (attention.cu
+#   ``_scaled_dot_product_efficient_attention_cuda``: the causal mask type only when
+#   ``is_causal``), loops over every key block and adds the mask as a bias tile by tile
+#   (kernel_forward.h, ``attn_bias_ptr``); on Hopper, torch 2.11 picks cuDNN attention for the
+#   masked call instead (``torch._fused_sdp_choice`` on an H200), which reached 0.53-0.64 of its
+#   own unmasked rate on the same square (benchmarks/sdpa_masked_attention.py): that lower rate
+#   is not counted.
 # - eager never does: ``eager_attention_forward`` (models/llama/modeling_llama.py) runs
 #   ``torch.matmul(query, key.transpose(2, 3))`` over the whole square, adds the mask, then
 #   multiplies the whole probability matrix by V, padded or not.
