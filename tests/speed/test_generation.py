@@ -259,7 +259,7 @@ def test_padded_prefill_and_scoring_count_the_attention_square_the_kernel_comput
     torch = pytest.importorskip("torch")
     from trl.trainer.utils import pad
 
-    from zerofit.speed.flops import forward_flops_per_sequence
+    from zerofit.speed.flops import forward_flops_per_sequence, keep_lm_head_positions
 
     prompts = [torch.tensor([5, 6, 7]), torch.tensor([8])]
     mask = pad([torch.ones_like(p) for p in prompts], padding_value=0, padding_side="left")
@@ -271,14 +271,17 @@ def test_padded_prefill_and_scoring_count_the_attention_square_the_kernel_comput
         setup = dataclasses.replace(long, **changes)
         return estimate_generation_time(setup, QWEN7B, H100, ring_gbps=RING)
 
-    def whole_over_half(seq_len):
+    def whole_over_half(seq_len, logits_kept):
         half = forward_flops_per_sequence(QWEN7B, seq_len)
         whole = forward_flops_per_sequence(QWEN7B, seq_len, skips_masked_blocks=False)
+        half = keep_lm_head_positions(half, seq_len, logits_kept)
+        whole = keep_lm_head_positions(whole, seq_len, logits_kept)
         return sum(whole.values()) / sum(half.values())
 
     unpadded, padded = generation(padded=False), generation(padded=True)
-    assert padded.prefill_s / unpadded.prefill_s == pytest.approx(whole_over_half(4096))
-    assert padded.scoring_s / unpadded.scoring_s == pytest.approx(whole_over_half(8192))
+    # the prefill's head runs over the last position; this setup's stack scores every position
+    assert padded.prefill_s / unpadded.prefill_s == pytest.approx(whole_over_half(4096, 1))
+    assert padded.scoring_s / unpadded.scoring_s == pytest.approx(whole_over_half(8192, 8192))
     assert padded.decode_s == unpadded.decode_s and padded.weights_s == unpadded.weights_s
     assert generation(padded=True, attention="eager") == padded
     assert generation(padded=False, attention="eager") == padded
@@ -288,3 +291,86 @@ def test_padded_prefill_and_scoring_count_the_attention_square_the_kernel_comput
     assert vllm_padded.prefill_s == vllm_unpadded.prefill_s == unpadded.prefill_s
     assert vllm_padded.scoring_s == padded.scoring_s
     assert vllm_padded.decode_s == vllm_unpadded.decode_s
+
+
+def test_generate_computes_the_prefill_logits_of_the_last_position_only():
+    """transformers' ``generate`` passes ``logits_to_keep=1`` to a model whose forward takes it
+    (generation/utils.py ``_supports_logits_to_keep``), so the prefill's LM head runs over one
+    position per prompt, with TRL's fused head installed too (trl/trainer/utils.py
+    ``add_fused_lm_head`` keeps the signature): the prefill counts the head once per sequence,
+    every other term over the whole prompt."""
+    torch = pytest.importorskip("torch")
+    from transformers import LlamaConfig, LlamaForCausalLM
+    from trl.trainer.utils import add_fused_lm_head
+
+    from zerofit.speed.flops import forward_flops_per_sequence, step_flops_from_terms
+    from zerofit.speed.generation import PREFILL_LOGITS_KEPT, forward_flops
+
+    config = LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        pad_token_id=0,
+        eos_token_id=2,
+    )
+    model = LlamaForCausalLM(config).eval()
+    add_fused_lm_head(model)
+    assert model._supports_logits_to_keep()
+    head_positions = []
+    model.lm_head.register_forward_hook(
+        lambda module, inputs, output: head_positions.append(inputs[0].shape[1])
+    )
+    prompts = torch.randint(3, 64, (2, 7))
+    with torch.no_grad():
+        model.generate(prompts, max_new_tokens=3, do_sample=False, min_new_tokens=3)
+    assert head_positions == [PREFILL_LOGITS_KEPT] * 3  # the prefill, then one per decode step
+
+    terms = forward_flops_per_sequence(QWEN7B, 512)
+    head_per_position = terms["lm_head"] / 512
+    every_position = step_flops_from_terms(terms, sequences=32).forward
+    kept = forward_flops(QWEN7B, 512, 32, True, PREFILL_LOGITS_KEPT)
+    assert every_position - kept == pytest.approx(32 * 511 * head_per_position)
+    assert forward_flops(QWEN7B, 512, 32, True) == every_position
+    setup = dataclasses.replace(GRPO, completion_len=512)  # prompts of 512 tokens, as above
+    prefill = estimate_generation_time(setup, QWEN7B, H100, ring_gbps=RING).prefill_s
+    efficiency = compute_efficiency(H100, 32 * 512)
+    assert prefill == pytest.approx(kept / (H100.bf16_tflops * 1e12 * efficiency))
+
+
+def test_trl_scores_the_completion_positions_only():
+    """TRL's GRPOTrainer labels only the last ``completion_ids.size(1)`` tokens and its fused
+    head projects the labelled positions (grpo_trainer.py ``_get_per_token_logps_and_entropies``,
+    trl/trainer/utils.py ``add_fused_lm_head``): its reference scoring counts the head over the
+    completion. The project's recipe and DeepSpeed-engine loops take every position's logits."""
+    pytest.importorskip("trl")
+    import inspect
+
+    from trl import GRPOTrainer
+    from trl.trainer.utils import add_fused_lm_head
+
+    from zerofit.speed.flops import forward_flops_per_sequence
+    from zerofit.speed.generation import scored_logit_positions
+
+    scoring = inspect.getsource(GRPOTrainer._get_per_token_logps_and_entropies)
+    assert "labels[:, :-logits_to_keep] = -100" in scoring and "fused_lm_head=True" in scoring
+    assert "hidden_states[mask] if compact" in inspect.getsource(add_fused_lm_head)
+    loss = inspect.getsource(GRPOTrainer._compute_loss)
+    assert "logits_to_keep = completion_ids.size(1)" in loss
+
+    trl = dataclasses.replace(GRPO, stack="hf", reference_model=True)
+    assert scored_logit_positions(trl) == 512
+    for stack in ("accelerate", "deepspeed"):
+        assert scored_logit_positions(dataclasses.replace(trl, stack=stack)) == 1024
+    assert scored_logit_positions(dataclasses.replace(trl, workload="sft")) == 1024
+
+    def scoring_s(setup):
+        return estimate_generation_time(setup, QWEN7B, H100, ring_gbps=RING).scoring_s
+
+    head_per_position = forward_flops_per_sequence(QWEN7B, 1024)["lm_head"] / 1024
+    skipped = 32 * 512 * head_per_position  # the prompts' positions of 32 sequences
+    rate = H100.bf16_tflops * 1e12 * compute_efficiency(H100, 8 * 1024)
+    every = scoring_s(dataclasses.replace(trl, stack="accelerate"))
+    assert every - scoring_s(trl) == pytest.approx(skipped / rate)

@@ -583,3 +583,34 @@ def test_a_model_without_sdpa_counts_the_eager_attention_transformers_runs():
         assert step_of(padded=True) == whole
     # a formula family (sdpa and flash in every class) is never traced for it: unchanged
     assert attention_skips_masked_blocks(setup, MODEL) == attention_skips_masked_blocks(setup)
+
+
+def test_grpo_under_trl_trains_the_lm_head_over_the_completion_only():
+    """TRL's GRPO loss forward projects the completion's positions only (grpo_trainer.py
+    ``_compute_loss``: ``logits_to_keep = completion_ids.size(1)``, through its fused head): its
+    forward and backward count the head over ``completion_len`` positions. The project's recipe
+    (stack ``accelerate``) takes every position's logits, and SFT and DPO keep every position
+    on any stack: their steps are unchanged."""
+    from zerofit.speed.flops import estimate_step_flops, forward_flops_per_sequence
+
+    grpo = dataclasses.replace(
+        ONE_NODE, workload="grpo", seq_len=1024, completion_len=256, stack="hf"
+    )
+    trl = estimate_step_time(grpo, MODEL, H100)
+    recipe = estimate_step_time(dataclasses.replace(grpo, stack="accelerate"), MODEL, H100)
+    head_per_position = forward_flops_per_sequence(MODEL, 1024)["lm_head"] / 1024
+    prompt_positions = grpo.micro_batch * grpo.grad_accum * (1024 - 256)
+    rate = H100.bf16_tflops * 1e12 * compute_efficiency(H100, grpo.micro_batch * 1024)
+    skipped_s = 3 * prompt_positions * head_per_position / rate  # forward + backward's two
+    assert recipe.compute_s - trl.compute_s == pytest.approx(skipped_s)
+    assert recipe.recompute_s == trl.recompute_s  # recompute never reruns the head
+
+    for workload in ("sft", "dpo"):
+        hf = dataclasses.replace(ONE_NODE, workload=workload, stack="hf")
+        step = estimate_step_time(hf, MODEL, H100)
+        assert step == estimate_step_time(dataclasses.replace(hf, stack="accelerate"), MODEL, H100)
+    sft = estimate_step_time(dataclasses.replace(ONE_NODE, stack="hf"), MODEL, H100)
+    flops = estimate_step_flops(MODEL, seq_len=2048, sequences=ONE_NODE.micro_batch)
+    sft_rate = H100.bf16_tflops * 1e12 * compute_efficiency(H100, ONE_NODE.micro_batch * 2048)
+    expected_s = (flops.forward + flops.backward) * ONE_NODE.grad_accum / sft_rate
+    assert sft.compute_s == pytest.approx(expected_s, rel=1e-9)

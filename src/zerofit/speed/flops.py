@@ -127,6 +127,17 @@ def forward_flops_per_sequence(
     }
 
 
+def keep_lm_head_positions(terms: dict[str, float], positions: int, kept: int) -> dict[str, float]:
+    """``terms`` (``forward_flops_per_sequence``) with the LM head run over ``kept`` of the
+    ``positions`` it covers in each sequence, as a forward that slices the hidden states before
+    the head does (transformers' ``logits_to_keep``, TRL's fused head): the head is the same
+    matmul per position, so its FLOPs scale with the positions kept. ``terms`` itself when every
+    position is kept."""
+    if kept >= positions:
+        return terms
+    return {**terms, "lm_head": terms["lm_head"] * kept / positions}
+
+
 def estimate_step_flops(
     model: ModelSpec,
     *,

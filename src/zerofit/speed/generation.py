@@ -14,7 +14,9 @@ num_iterations``; ``_generate_single_turn``). Each rank generates its own share:
   training step counts them on a padded batch (step_time.py ``attention_skips_masked_blocks``:
   the whole square under SDPA and eager). vLLM runs its own kernel on the unpadded prompts
   (vllm/v1/attention/backends/flash_attn.py ``FlashAttentionImpl.forward``:
-  ``flash_attn_varlen_func`` with ``cu_seqlens_q`` and the causal flag): the causal half;
+  ``flash_attn_varlen_func`` with ``cu_seqlens_q`` and the causal flag): the causal half.
+  Either engine runs the LM head over each prompt's last position only
+  (``PREFILL_LOGITS_KEPT``);
 - decode: ``completion_len`` steps, each reading every weight once and the KV cache of the whole
   batch (memory-bound: bytes over HBM bandwidth at ``DECODE_HBM_EFFICIENCY``), or the batch's
   matmuls when the batch is large enough to be compute-bound, plus the engine's fixed cost per
@@ -31,7 +33,8 @@ num_iterations``; ``_generate_single_turn``). Each rank generates its own share:
   (``_generate_and_score_completions``), a no-grad forward over the generation batch, whatever
   engine generated it, through transformers with the batch's mask (``attention_mask =
   torch.cat([prompt_mask, completion_mask], dim=1)``: left-padded prompts, completions padded
-  after their EOS): attention counted as the training step counts it.
+  after their EOS): attention counted as the training step counts it, the LM head over the
+  positions the trainer scores (``scored_logit_positions``: TRL's, the completion's).
 
 Decode steps need no such rule: each feeds one query token per sequence, so SDPA gets
 ``is_causal`` False whatever the mask (integrations/sdpa_attention.py: ``q_length > 1``) and
@@ -62,7 +65,11 @@ from zerofit.hardware import GpuSpec
 from zerofit.memory.estimate import GIB, TrainSetup
 from zerofit.models.resolve import ModelSpec
 from zerofit.speed.device import DeviceProfile
-from zerofit.speed.flops import forward_flops_per_sequence, step_flops_from_terms
+from zerofit.speed.flops import (
+    forward_flops_per_sequence,
+    keep_lm_head_positions,
+    step_flops_from_terms,
+)
 
 # Share of the HBM datasheet bandwidth a decode step's weight and KV reads reach, 0.85: a
 # streaming kernel's usual fraction of the datasheet (between NCCL's 0.8 of a link,
@@ -186,12 +193,56 @@ def vllm_waves(
 
 
 def forward_flops(
-    model: ModelSpec, seq_len: int, sequences: int, skips_masked_blocks: bool
+    model: ModelSpec,
+    seq_len: int,
+    sequences: int,
+    skips_masked_blocks: bool,
+    logits_kept: int | None = None,
 ) -> float:
     """FLOPs of a no-grad forward over ``sequences`` sequences of ``seq_len`` tokens, attention's
-    products at the causal half or the whole square (flops.py ``skips_masked_blocks``)."""
+    products at the causal half or the whole square (flops.py ``skips_masked_blocks``), the LM
+    head over the last ``logits_kept`` positions of each (None: every position)."""
     terms = forward_flops_per_sequence(model, seq_len, skips_masked_blocks=skips_masked_blocks)
+    if logits_kept is not None:
+        terms = keep_lm_head_positions(terms, seq_len, logits_kept)
     return step_flops_from_terms(terms, sequences=sequences).forward
+
+
+# Logits a generation engine's prefill computes per sequence: the last position's only, the one
+# the first new token is sampled from. transformers' ``generate`` passes ``logits_to_keep=1`` to
+# every model whose forward takes it (generation/utils.py ``GenerationMixin.generate``, step 6:
+# ``_supports_logits_to_keep``), and the decoder LMs' ``*ForCausalLM.forward`` slice the hidden
+# states before ``lm_head`` (modeling_utils.py ``slice_logits_to_keep``). In transformers 5.24,
+# 188 of the 196 classes AutoModelForCausalLM maps take it; the 8 that do not (xLSTM,
+# ProphetNet, TrOCR, Whisper, MusicGen and MusicGen-Melody, Gemma 4's two assistants) are not
+# GRPO policies and are counted as the rest. TRL's fused head keeps that signature
+# (trl/trainer/utils.py ``add_fused_lm_head``: ``functools.wraps``, "generate validates its model
+# kwargs against it"). vLLM computes the logits of each request's last scheduled token
+# (vllm/v1/worker/gpu_model_runner.py ``_prepare_inputs``: ``logits_indices =
+# query_start_loc[1:] - 1``; ``execute_model``: ``compute_logits(hidden_states[logits_indices])``).
+PREFILL_LOGITS_KEPT = 1
+
+
+def scored_logit_positions(setup: TrainSetup) -> int:
+    """Positions per sequence whose logits GRPO's own forwards compute: the policy's loss
+    forward and the old policy's and the reference's scoring. ``seq_len`` for other workloads.
+
+    TRL's GRPOTrainer (stack ``hf``) projects the completion's positions only: 1.16's
+    ``_get_per_token_logps_and_entropies`` labels only the last ``logits_to_keep =
+    completion_ids.size(1)`` tokens (``labels[:, :-logits_to_keep] = -100``, padding too) and
+    calls ``model(..., labels=labels, fused_lm_head=True)``, whose head
+    (trl/trainer/utils.py ``add_fused_lm_head``) projects ``hidden_states[mask]``, the labelled
+    positions, where Triton runs (CUDA, XPU: trl/kernels/chunked_logprob.py ``_use_triton``;
+    elsewhere every position, not told apart here); 0.14-1.15 passed ``logits_to_keep=C + 1``,
+    one position more. ``_compute_loss`` (the training forward) and the old-policy and reference
+    scoring all go through it. The project's own recipe (stack ``accelerate``:
+    recipes/grpo.py ``token_logprobs``) and DeepSpeed-engine loops (OpenRLHF's
+    ``Actor.forward``) take the whole ``logits`` and slice the completion afterwards: the head
+    runs over every position (memory/losses.py ``scored_tokens`` counts the logits those keep,
+    a smaller thing than what the head computes)."""
+    if setup.workload == "grpo" and setup.stack == "hf":
+        return min(setup.completion_len, setup.seq_len)
+    return setup.seq_len
 
 
 def estimate_generation_time(
@@ -220,7 +271,9 @@ def estimate_generation_time(
     prompt = max(1, setup.seq_len - setup.completion_len)
     vllm = bool(setup.vllm_gpu_memory_utilization)
     peak = device.peak_tflops * 1e12
-    prefill_flops = forward_flops(model, prompt, sequences, vllm or skips_masked_blocks)
+    prefill_flops = forward_flops(
+        model, prompt, sequences, vllm or skips_masked_blocks, PREFILL_LOGITS_KEPT
+    )
     prefill_s = prefill_flops / (peak * device.efficiency.at(sequences * prompt))
     # vLLM loads the checkpoint in 16 bits; transformers generates with the training weights:
     # the compute dtype under DeepSpeed, the load dtype without it (TrainSetup.weight_bytes)
@@ -251,7 +304,8 @@ def estimate_generation_time(
         decode_s = rounds * setup.completion_len * step_s
     scoring_s = 0.0
     if setup.uses_reference:
-        scored = forward_flops(model, setup.seq_len, sequences, skips_masked_blocks)
+        kept = scored_logit_positions(setup)
+        scored = forward_flops(model, setup.seq_len, sequences, skips_masked_blocks, kept)
         tokens = setup.micro_batch * setup.seq_len  # scored in micro batches
         scoring_s = rounds * scored / (peak * device.efficiency.at(tokens))
     return GenerationTime(

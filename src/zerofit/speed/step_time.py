@@ -36,8 +36,17 @@ from zerofit.memory.lora import is_adapter, layer_linear_shapes, targeted_module
 from zerofit.memory.param_layout import zero3_kept_gathered_elements
 from zerofit.models.resolve import ModelSpec
 from zerofit.speed.device import DeviceProfile, EfficiencyCurve
-from zerofit.speed.flops import StepFlops, forward_flops_per_sequence, step_flops_from_terms
-from zerofit.speed.generation import DECODE_HBM_EFFICIENCY, estimate_generation_time
+from zerofit.speed.flops import (
+    StepFlops,
+    forward_flops_per_sequence,
+    keep_lm_head_positions,
+    step_flops_from_terms,
+)
+from zerofit.speed.generation import (
+    DECODE_HBM_EFFICIENCY,
+    estimate_generation_time,
+    scored_logit_positions,
+)
 
 # Fitted per GPU generation (never per row), with the per-step costs below, by least squares over
 # a small grid (median |error| of the rows named):
@@ -821,6 +830,9 @@ def estimate_step_time(
     terms = forward_flops_per_sequence(
         model, setup.seq_len, setup.target_len, sample_len, skips_masked_blocks
     )
+    # GRPO under TRL runs the LM head over the completion only, in its forward and backward
+    # (generation.py ``scored_logit_positions``); every other workload over every position
+    terms = keep_lm_head_positions(terms, setup.seq_len, scored_logit_positions(setup))
     flops = step_flops_from_terms(
         terms,
         sequences=trained,
