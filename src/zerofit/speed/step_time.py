@@ -796,6 +796,56 @@ def sequences_per_micro_step(setup: TrainSetup) -> tuple[int, int]:
     return setup.micro_batch, 0
 
 
+def micro_step_flops(
+    setup: TrainSetup, model: ModelSpec, trainable: int, sample_len: int | None
+) -> tuple[StepFlops, StepFlops]:
+    """One micro step's FLOPs: the trained sequences' and the reference model's forward (DPO,
+    GRPO; nothing otherwise), counted from ``model``'s terms with attention as the step's kernel
+    runs it (``attention_skips_masked_blocks``) over ``sample_len``-token packed samples, and
+    the LM head over the positions whose logits the client keeps."""
+    trained, reference = sequences_per_micro_step(setup)
+    # an encoder-decoder's decoder and LM head run on its targets (``decoder_len``; None: seq_len)
+    skips_masked_blocks = attention_skips_masked_blocks(setup, model)
+    terms = forward_flops_per_sequence(
+        model, setup.seq_len, setup.target_len, sample_len, skips_masked_blocks
+    )
+    # GRPO under TRL runs the LM head over the completion only, in its forward and backward
+    # (generation.py ``scored_logit_positions``); every other workload over every position
+    terms = keep_lm_head_positions(terms, setup.seq_len, scored_logit_positions(setup))
+    flops = step_flops_from_terms(
+        terms,
+        sequences=trained,
+        gradient_checkpointing=setup.gradient_checkpointing,
+        frozen_weights=trainable < model.params,
+    )
+    return flops, step_flops_from_terms(terms, sequences=reference)
+
+
+def matmul_seconds(
+    setup: TrainSetup,
+    model: ModelSpec,
+    device: DeviceProfile,
+    flops: StepFlops,
+    reference_flops: StepFlops,
+    sample_len: int | None,
+) -> tuple[float, float, float]:
+    """Forward (the reference model's included), backward and recompute seconds of one
+    optimizer step's micro steps at the efficiency ``device`` reaches on one micro step's
+    tokens, less what FlashAttention-3 saves (``attention_kernel_savings``)."""
+    trained, _ = sequences_per_micro_step(setup)
+    peak = device.peak_tflops * 1e12
+    efficiency = device.efficiency.at(trained * setup.seq_len)
+    micro_steps = setup.grad_accum
+    forward_s = (flops.forward + reference_flops.forward) * micro_steps / (peak * efficiency)
+    backward_s = flops.backward * micro_steps / (peak * efficiency)
+    recompute_s = flops.recompute * micro_steps / (peak * efficiency)
+    saved = attention_kernel_savings(setup, model, device, trained, sample_len)
+    forward_s -= saved.forward * micro_steps / (peak * efficiency)
+    backward_s -= saved.backward * micro_steps / (peak * efficiency)
+    recompute_s -= saved.recompute * micro_steps / (peak * efficiency)
+    return forward_s, backward_s, recompute_s
+
+
 def estimate_step_time(
     setup: TrainSetup,
     model: ModelSpec,
@@ -822,35 +872,15 @@ def estimate_step_time(
     ``setup.padded`` batches (``attention_skips_masked_blocks``).
     """
     trainable = model.params if trainable_params is None else trainable_params
-    frozen = trainable < model.params
-    trained, reference = sequences_per_micro_step(setup)
+    trained, _ = sequences_per_micro_step(setup)
     sample_len = attention_sample_len(setup, sample_len)
-    # an encoder-decoder's decoder and LM head run on its targets (``decoder_len``; None: seq_len)
-    skips_masked_blocks = attention_skips_masked_blocks(setup, model)
-    terms = forward_flops_per_sequence(
-        model, setup.seq_len, setup.target_len, sample_len, skips_masked_blocks
-    )
-    # GRPO under TRL runs the LM head over the completion only, in its forward and backward
-    # (generation.py ``scored_logit_positions``); every other workload over every position
-    terms = keep_lm_head_positions(terms, setup.seq_len, scored_logit_positions(setup))
-    flops = step_flops_from_terms(
-        terms,
-        sequences=trained,
-        gradient_checkpointing=setup.gradient_checkpointing,
-        frozen_weights=frozen,
-    )
-    reference_flops = step_flops_from_terms(terms, sequences=reference)
+    flops, reference_flops = micro_step_flops(setup, model, trainable, sample_len)
     device = as_device(gpu)
     peak = device.peak_tflops * 1e12
-    efficiency = device.efficiency.at(trained * setup.seq_len)
     micro_steps = setup.grad_accum
-    forward_s = (flops.forward + reference_flops.forward) * micro_steps / (peak * efficiency)
-    backward_s = flops.backward * micro_steps / (peak * efficiency)
-    recompute_s = flops.recompute * micro_steps / (peak * efficiency)
-    saved = attention_kernel_savings(setup, model, device, trained, sample_len)
-    forward_s -= saved.forward * micro_steps / (peak * efficiency)
-    backward_s -= saved.backward * micro_steps / (peak * efficiency)
-    recompute_s -= saved.recompute * micro_steps / (peak * efficiency)
+    forward_s, backward_s, recompute_s = matmul_seconds(
+        setup, model, device, flops, reference_flops, sample_len
+    )
 
     intra = device.link_gbps if intra_node_gbps is None else intra_node_gbps
     links = Links(
