@@ -262,11 +262,22 @@ def grpo_loss(logp, old_logp, advantages, mask, *, objective=None, ref_logp=None
 
 
 def token_logprobs(model, ids, attn, completion_len: int, temperature: float):
-    """Log-probabilities of the last `completion_len` tokens of `ids` under `model`."""
+    """Log-probabilities of the last `completion_len` tokens of `ids` under `model`.
+
+    The LM head runs over the last `completion_len + 1` positions only (transformers'
+    `logits_to_keep`, which its causal LMs' forward takes and slices the hidden states by before
+    `lm_head`, as TRL's GRPOTrainer asks): the prompt's logits, vocabulary-wide, are never built.
+    A model that ignores the argument returns every position; the slice below serves both."""
     import torch
 
     positions = (attn.long().cumsum(-1) - 1).clamp(min=0)  # left padding: count real tokens only
-    out = model(input_ids=ids, attention_mask=attn, position_ids=positions, use_cache=False)
+    out = model(
+        input_ids=ids,
+        attention_mask=attn,
+        position_ids=positions,
+        use_cache=False,
+        logits_to_keep=completion_len + 1,
+    )
     logits = out.logits[:, -completion_len - 1 : -1].float() / temperature
     picked = torch.gather(logits, 2, ids[:, -completion_len:, None]).squeeze(-1)
     return picked - torch.logsumexp(logits, dim=-1)

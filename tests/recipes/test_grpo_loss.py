@@ -149,3 +149,19 @@ def test_completion_mask_includes_first_eos_only():
         [1, 1, 1, 1],
         [1, 0, 0, 0],
     ]
+
+
+def test_token_logprobs_builds_the_completions_logits_only():
+    """The LM head runs over the last completion_len + 1 positions (logits_to_keep), not the
+    prompt's: what memory/losses.py scored_tokens and speed/generation.py scored_logit_positions
+    count for this recipe."""
+    tok = grpo.common.build_tiny_tokenizer()
+    model = grpo.common.build_tiny_model(tok, seed=1)
+    rows = []
+    hook = model.get_output_embeddings().register_forward_hook(
+        lambda module, args, out: rows.append(args[0].shape[1])
+    )
+    ids = torch.tensor([[0, 5, 13, 6, 15, 7, 1]])
+    grpo.token_logprobs(model, ids, torch.ones_like(ids), completion_len=2, temperature=1.0)
+    hook.remove()
+    assert rows == [3]

@@ -219,11 +219,13 @@ def test_reference_model_scores_every_completion():
 
 
 def test_grpo_step_time_adds_generation_other_workloads_do_not():
-    grpo = estimate_step_time(GRPO, QWEN7B, H100)
-    generation = estimate_generation_time(GRPO, QWEN7B, H100, ring_gbps=RING).total_s
+    # a DeepSpeed-engine loop: its GRPO forward runs the LM head over every position, as SFT's
+    every_position = dataclasses.replace(GRPO, stack="deepspeed")
+    grpo = estimate_step_time(every_position, QWEN7B, H100)
+    generation = estimate_generation_time(every_position, QWEN7B, H100, ring_gbps=RING).total_s
     assert grpo.generation_s == pytest.approx(generation)
     assert sum(grpo.breakdown().values()) == pytest.approx(grpo.total_s, abs=1e-3)
-    sft = estimate_step_time(dataclasses.replace(GRPO, workload="sft"), QWEN7B, H100)
+    sft = estimate_step_time(dataclasses.replace(every_position, workload="sft"), QWEN7B, H100)
     assert sft.generation_s is None and "generation_s" not in sft.breakdown()
     assert grpo.total_s == pytest.approx(sft.total_s + generation, rel=1e-6)
 
@@ -279,9 +281,10 @@ def test_padded_prefill_and_scoring_count_the_attention_square_the_kernel_comput
         return sum(whole.values()) / sum(half.values())
 
     unpadded, padded = generation(padded=False), generation(padded=True)
-    # the prefill's head runs over the last position; this setup's stack scores every position
+    # the prefill's head runs over the last position; this setup's stack (the recipe's) scores
+    # the completion and one more position
     assert padded.prefill_s / unpadded.prefill_s == pytest.approx(whole_over_half(4096, 1))
-    assert padded.scoring_s / unpadded.scoring_s == pytest.approx(whole_over_half(8192, 8192))
+    assert padded.scoring_s / unpadded.scoring_s == pytest.approx(whole_over_half(8192, 4097))
     assert padded.decode_s == unpadded.decode_s and padded.weights_s == unpadded.weights_s
     assert generation(padded=True, attention="eager") == padded
     assert generation(padded=False, attention="eager") == padded
@@ -344,7 +347,8 @@ def test_trl_scores_the_completion_positions_only():
     """TRL's GRPOTrainer labels only the last ``completion_ids.size(1)`` tokens and its fused
     head projects the labelled positions (grpo_trainer.py ``_get_per_token_logps_and_entropies``,
     trl/trainer/utils.py ``add_fused_lm_head``): its reference scoring counts the head over the
-    completion. The project's recipe and DeepSpeed-engine loops take every position's logits."""
+    completion. The project's recipe keeps the completion and one more position
+    (``logits_to_keep``); DeepSpeed-engine loops take every position's logits."""
     pytest.importorskip("trl")
     import inspect
 
@@ -362,8 +366,8 @@ def test_trl_scores_the_completion_positions_only():
 
     trl = dataclasses.replace(GRPO, stack="hf", reference_model=True)
     assert scored_logit_positions(trl) == 512
-    for stack in ("accelerate", "deepspeed"):
-        assert scored_logit_positions(dataclasses.replace(trl, stack=stack)) == 1024
+    assert scored_logit_positions(dataclasses.replace(trl, stack="accelerate")) == 513
+    assert scored_logit_positions(dataclasses.replace(trl, stack="deepspeed")) == 1024
     assert scored_logit_positions(dataclasses.replace(trl, workload="sft")) == 1024
 
     def scoring_s(setup):
@@ -372,5 +376,6 @@ def test_trl_scores_the_completion_positions_only():
     head_per_position = forward_flops_per_sequence(QWEN7B, 1024)["lm_head"] / 1024
     skipped = 32 * 512 * head_per_position  # the prompts' positions of 32 sequences
     rate = H100.bf16_tflops * 1e12 * compute_efficiency(H100, 8 * 1024)
-    every = scoring_s(dataclasses.replace(trl, stack="accelerate"))
-    assert every - scoring_s(trl) == pytest.approx(skipped / rate)
+    recipe = scoring_s(dataclasses.replace(trl, stack="accelerate"))
+    assert recipe - scoring_s(trl) == pytest.approx(32 * head_per_position / rate)
+    assert skipped > 32 * head_per_position

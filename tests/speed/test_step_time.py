@@ -589,8 +589,8 @@ def test_grpo_under_trl_trains_the_lm_head_over_the_completion_only():
     """TRL's GRPO loss forward projects the completion's positions only (grpo_trainer.py
     ``_compute_loss``: ``logits_to_keep = completion_ids.size(1)``, through its fused head): its
     forward and backward count the head over ``completion_len`` positions. The project's recipe
-    (stack ``accelerate``) takes every position's logits, and SFT and DPO keep every position
-    on any stack: their steps are unchanged."""
+    (stack ``accelerate``) keeps one position more (``logits_to_keep=C + 1``), and SFT and DPO
+    keep every position on any stack: their steps are unchanged."""
     from zerofit.speed.flops import estimate_step_flops, forward_flops_per_sequence
 
     grpo = dataclasses.replace(
@@ -599,10 +599,10 @@ def test_grpo_under_trl_trains_the_lm_head_over_the_completion_only():
     trl = estimate_step_time(grpo, MODEL, H100)
     recipe = estimate_step_time(dataclasses.replace(grpo, stack="accelerate"), MODEL, H100)
     head_per_position = forward_flops_per_sequence(MODEL, 1024)["lm_head"] / 1024
-    prompt_positions = grpo.micro_batch * grpo.grad_accum * (1024 - 256)
+    one_more_position = grpo.micro_batch * grpo.grad_accum
     rate = H100.bf16_tflops * 1e12 * compute_efficiency(H100, grpo.micro_batch * 1024)
-    skipped_s = 3 * prompt_positions * head_per_position / rate  # forward + backward's two
-    assert recipe.compute_s - trl.compute_s == pytest.approx(skipped_s)
+    extra_s = 3 * one_more_position * head_per_position / rate  # forward + backward's two
+    assert recipe.compute_s - trl.compute_s == pytest.approx(extra_s)
     assert recipe.recompute_s == trl.recompute_s  # recompute never reruns the head
 
     for workload in ("sft", "dpo"):

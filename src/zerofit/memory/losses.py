@@ -91,9 +91,11 @@ def scored_tokens(stack: str, workload: str, tokens: int, completion_tokens: int
     """Tokens whose vocabulary-wide logits the loss path materialises.
 
     SFT and DPO score every position. GRPO scores the completions only where the code slices
-    before the LM head: TRL's GRPOTrainer passes ``logits_to_keep`` (completion + 1) to the model,
-    and our recipe (``recipes/grpo.py:token_logprobs``) slices the completion before the fp32
-    cast. A loop on DeepSpeed's own engine scores the whole sequence: OpenRLHF's
+    before the LM head: TRL's GRPOTrainer (0.14-1.15 passed ``logits_to_keep`` = completion + 1
+    to the model; 1.16 labels the completion only and its fused head projects those positions,
+    ``_get_per_token_logps_and_entropies``), and our recipe (``recipes/grpo.py:token_logprobs``)
+    passes ``logits_to_keep`` = completion + 1. A loop on DeepSpeed's own engine scores the whole
+    sequence: OpenRLHF's
     ``openrlhf/models/actor.py:Actor.forward`` casts ``output["logits"]`` of every position to
     fp32 before ``log_probs_from_logits`` and keeps the last ``num_actions`` only afterwards, as
     DeepSpeed-Chat's ``gather_log_probs(logits[:, :-1, :], seq[:, 1:])`` does.

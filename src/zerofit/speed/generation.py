@@ -235,14 +235,17 @@ def scored_logit_positions(setup: TrainSetup) -> int:
     positions, where Triton runs (CUDA, XPU: trl/kernels/chunked_logprob.py ``_use_triton``;
     elsewhere every position, not told apart here); 0.14-1.15 passed ``logits_to_keep=C + 1``,
     one position more. ``_compute_loss`` (the training forward) and the old-policy and reference
-    scoring all go through it. The project's own recipe (stack ``accelerate``:
-    recipes/grpo.py ``token_logprobs``) and DeepSpeed-engine loops (OpenRLHF's
-    ``Actor.forward``) take the whole ``logits`` and slice the completion afterwards: the head
-    runs over every position (memory/losses.py ``scored_tokens`` counts the logits those keep,
-    a smaller thing than what the head computes)."""
-    if setup.workload == "grpo" and setup.stack == "hf":
-        return min(setup.completion_len, setup.seq_len)
-    return setup.seq_len
+    scoring all go through it. The project's own recipe (stack ``accelerate``: recipes/grpo.py
+    ``token_logprobs``) passes ``logits_to_keep=C + 1`` (transformers' causal LMs slice the
+    hidden states before ``lm_head``). DeepSpeed-engine loops (OpenRLHF's ``Actor.forward``) take
+    the whole ``logits`` and slice the completion afterwards: the head runs over every position
+    (memory/losses.py ``scored_tokens`` counts the logits those keep, a smaller thing than what
+    the head computes)."""
+    if setup.workload != "grpo" or setup.stack == "deepspeed":
+        return setup.seq_len
+    if setup.stack == "accelerate":
+        return min(setup.completion_len + 1, setup.seq_len)
+    return min(setup.completion_len, setup.seq_len)
 
 
 def estimate_generation_time(
