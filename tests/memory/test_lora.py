@@ -200,6 +200,20 @@ def peft_target_modules(targets: str) -> str | list[str]:
     return targets if targets == "all-linear" else targets.split(",")
 
 
+def probe_setup(targets: str, dropout: float, input_grads: bool, **more) -> TrainSetup:
+    """The fp32 rank-8 LoRA setup of a saved-bytes probe; input grads come with checkpointing,
+    which is what turns them on."""
+    return TrainSetup(
+        finetuning="lora",
+        lora_rank=8,
+        lora_targets=targets,
+        lora_dropout=dropout,
+        gradient_checkpointing=input_grads,
+        precision="fp32",
+        **more,
+    )
+
+
 @pytest.mark.parametrize("dropout", [0.0, 0.05])
 @pytest.mark.parametrize("input_grads", [False, True])
 @pytest.mark.parametrize("targets", ["all-linear", "attention", "q_proj,v_proj,down_proj"])
@@ -217,14 +231,7 @@ def test_saved_activations_with_adapters(dropout, input_grads, targets):
     measured = _saved_bytes(model, ids)
 
     spec, tokens = _spec(), MICRO * SEQ
-    setup = TrainSetup(
-        finetuning="lora",
-        lora_rank=8,
-        lora_targets=targets,
-        lora_dropout=dropout,
-        gradient_checkpointing=input_grads,  # checkpointing is what turns input grads on
-        precision="fp32",
-    )
+    setup = probe_setup(targets, dropout, input_grads)
     batch = act.LayerBatch(MICRO, SEQ, "sdpa", 4)
     full = act.stored_activation_bytes(spec, 4, batch, False)
     layer = lora.adapter_layer_delta_per_token(spec, setup, 4, 4, mask_bytes=4)
@@ -290,16 +297,7 @@ def test_zero3_frozen_linears_save_their_inputs(zero3_saved, index):
     result = zero3_saved[index]
     assert result["wrapped"], "zero.Init left torch's own F.linear in place"
     spec, tokens = _spec(), MICRO * SEQ
-    setup = TrainSetup(
-        stage=3,
-        stack="deepspeed",
-        finetuning="lora",
-        lora_rank=8,
-        lora_targets=targets,
-        lora_dropout=dropout,
-        gradient_checkpointing=input_grads,  # checkpointing is what turns input grads on
-        precision="fp32",
-    )
+    setup = probe_setup(targets, dropout, input_grads, stage=3, stack="deepspeed")
     plain_setup = dataclasses.replace(setup, stage=2)
     layer_term = lora.zero3_base_input_per_token(spec, setup, 4, 4)
     head = 4 * SHAPE["hidden_size"]
