@@ -27,6 +27,18 @@ def tracked_peak(fn, *external) -> tuple[int, int, dict]:
     return peak["Total"], now["Total"], {str(k).split(".")[-1]: v for k, v in peak.items()}
 
 
+def make_optimizer_states(model, optimizer) -> None:
+    """Create ``optimizer``'s states (Adam's exp_avg / exp_avg_sq) before a measured step: an
+    optimizer step on zero gradients makes the same states as a whole training step, without a
+    forward and backward nobody measures."""
+    import torch
+
+    for param in model.parameters():
+        param.grad = torch.zeros_like(param)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
 def saved_tensor_bytes(model, run) -> int:
     """Bytes of the distinct storages autograd saves for backward while ``run()`` executes,
     ``model``'s weights excluded (each storage once, however many views of it are saved)."""

@@ -259,7 +259,7 @@ def _whole_step(peak: str, weights: str, checkpointing: bool, padded: bool):
     """Bytes MemTracker measured at the peak of a second training step of a real transformers
     Qwen2 of the ``peak`` shape on CPU, with the model spec and setup that describe it."""
     torch = pytest.importorskip("torch")
-    from memory_probe import tracked_peak
+    from memory_probe import make_optimizer_states, tracked_peak
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from zerofit.models.resolve import spec_from_config
@@ -297,12 +297,7 @@ def _whole_step(peak: str, weights: str, checkpointing: bool, padded: bool):
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
-    # the first step creates exp_avg / exp_avg_sq: an optimizer step on zero gradients makes
-    # the same states as a whole step, without a forward and backward nobody measures
-    for param in model.parameters():
-        param.grad = torch.zeros_like(param)
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
+    make_optimizer_states(model, optimizer)
     measured, _, _ = tracked_peak(step, model, optimizer)
     spec = spec_from_config({**shape, "model_type": "qwen2"}, "probe")
     setup = TrainSetup(

@@ -202,7 +202,7 @@ def whole_step_peaks(
     backward, foreach AdamW, tracked by MemTracker (tests/memory_probe.py), dropout run as on a
     GPU (``run_as_on_a_gpu``). ``target_len``: T5's labels that long (None: the inputs)."""
     import torch
-    from memory_probe import tracked_peak
+    from memory_probe import make_optimizer_states, tracked_peak
     from transformers import AutoConfig
 
     from zerofit.memory.estimate import TrainSetup, estimate_memory
@@ -224,10 +224,7 @@ def whole_step_peaks(
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
-    for param in model.parameters():  # Adam's states, made without a measured step
-        param.grad = torch.zeros_like(param)
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
+    make_optimizer_states(model, optimizer)
     measured, _, _ = tracked_peak(step, model, optimizer)
     spec = spec_from_config({"model_type": family, **fields}, family)
     setup = TrainSetup(
