@@ -23,14 +23,20 @@ STACK_RESULTS = ROOT / "tests" / "data" / "gpu_lora_memory_h100_stacks.jsonl"
 BENCH = load_benchmark("gpu_lora_memory")
 
 
+def stored_and_annotated_again(results, tmp_path) -> tuple[list[dict], list[dict]]:
+    """The rows of a measured results file as stored, and as ``--annotate`` writes them today
+    (on a copy)."""
+    copy = tmp_path / results.name
+    shutil.copy(results, copy)
+    BENCH.annotate(copy)
+    stored = [json.loads(line) for line in results.read_text().splitlines()]
+    return stored, [json.loads(line) for line in copy.read_text().splitlines()]
+
+
 def test_the_stored_estimates_are_todays(tmp_path, capsys):
     """Re-annotating the measured file gives the estimates it stores: a change to the LoRA model
     shows up here, and the file and docs/accuracy.md must then be re-annotated together."""
-    copy = tmp_path / "results.jsonl"
-    shutil.copy(RESULTS, copy)
-    BENCH.annotate(copy)
-    stored = [json.loads(line) for line in RESULTS.read_text().splitlines()]
-    fresh = [json.loads(line) for line in copy.read_text().splitlines()]
+    stored, fresh = stored_and_annotated_again(RESULTS, tmp_path)
     assert len(stored) == len(BENCH.build_cases(tiny=False)) == 10
     for old, new in zip(stored, fresh, strict=True):
         assert old["gpu"] == "NVIDIA H200" and old["max_allocated"] > 0
@@ -47,11 +53,7 @@ def test_the_stored_stack_estimates_are_todays(tmp_path, capsys):
     """The autocast and DeepSpeed rows measured on an H100 (docs/accuracy.md's second LoRA GPU
     table) carry the estimates zerofit gives today for their TrainSetup; ZeRO-3's last three
     QLoRA cases ran in a later call, one process each."""
-    copy = tmp_path / "stacks.jsonl"
-    shutil.copy(STACK_RESULTS, copy)
-    BENCH.annotate(copy)
-    stored = [json.loads(line) for line in STACK_RESULTS.read_text().splitlines()]
-    fresh = [json.loads(line) for line in copy.read_text().splitlines()]
+    stored, fresh = stored_and_annotated_again(STACK_RESULTS, tmp_path)
     stacks = [(row["stack"], row["stage"]) for row in stored]
     assert (stacks.count(("deepspeed", 2)), stacks.count(("deepspeed", 3))) == (8, 8)
     assert stacks.count(("autocast", 0)) == 8
