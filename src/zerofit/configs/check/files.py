@@ -97,13 +97,13 @@ def answers_files(texts: dict[str, str]) -> list[str]:
     from zerofit.planning.answers import KEY_ALIASES, Answers
 
     answer_keys = {field.name for field in dataclasses.fields(Answers)} | set(KEY_ALIASES)
+    accelerate = accelerate_keys()
     found = []
     for name in filter(is_yaml, texts):
         cfg, _ = parse_yaml(name, texts[name])
         if cfg is None:
             continue
         keys = {str(key) for key in cfg}
-        accelerate = accelerate_keys()
         mostly_answers = len(keys & answer_keys) > len(keys - answer_keys)
         only_answers = keys & (answer_keys - accelerate)
         if mostly_answers and only_answers and not keys & (accelerate - answer_keys):
