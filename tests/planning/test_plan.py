@@ -32,6 +32,23 @@ def test_small_model_one_h100_picks_low_stage_without_offload():
     assert p.global_batch == 128 and "not given" in reasons["global_batch"]
 
 
+@pytest.mark.parametrize(
+    "finetuning, words",
+    [
+        ("full", "with fp32 weights (grads and Adam states in fp32)"),
+        ("lora", "with the frozen base in bf16 and the adapters' weights, grads and Adam states"),
+        ("qlora", "with the frozen base's linear layers in 4-bit NF4 and the adapters'"),
+    ],
+)
+def test_stage0_reason_names_the_dtypes_the_gpu_holds(finetuning, words):
+    """Without DeepSpeed a full fine-tune keeps its load dtype for weights and states alike,
+    while an adapter's base is frozen in 16-bit (4-bit) and PEFT keeps the adapters in fp32:
+    the stage's reason says which, not "fp32 weights" for a LoRA plan."""
+    p = plan(Answers(gpu="H100-SXM", seq_len=512, stage=0, finetuning=finetuning), QWEN25_05B)
+    reason = {d.field: d.reason for d in p.decisions}["stage"]
+    assert words in reason
+
+
 def test_70b_on_8_a100_needs_stage3():
     p = plan(
         Answers(

@@ -137,12 +137,31 @@ def _model_needs(chosen: Candidate, inputs: PlanInputs) -> str:
     )
 
 
+def _stage0_weights_words(answers, precision: str) -> str:
+    """What the GPU holds the weights in without DeepSpeed (memory/estimate.py
+    ``TrainSetup.weight_dtype``): a full fine-tune keeps its load dtype (fp32 unless loaded in
+    16-bit) with grads and Adam states alike; an adapter's base is frozen in 16-bit (4-bit under
+    QLoRA) while PEFT keeps the adapters, their grads and Adam states in fp32
+    (peft/tuners/tuners_utils.py ``_cast_adapter_dtype``, ``autocast_adapter_dtype=True``)."""
+    if answers.finetuning == "full":
+        weights = answers.weights_dtype or "fp32"
+        return f"with {weights} weights (grads and Adam states in {weights})"
+    if answers.finetuning == "qlora":
+        base = "the frozen base's linear layers in 4-bit NF4"
+    else:
+        base = f"the frozen base in {answers.weights_dtype or precision}"
+    return f"with {base} and the adapters' weights, grads and Adam states in fp32"
+
+
 def decide_stage(chosen: Candidate, pool: list[Candidate], inputs: PlanInputs) -> Decision:
     """The stage, against the next lower stage with the same checkpointing and no offload."""
     stage, answers = chosen.option.stage, inputs.answers
     needs = _model_needs(chosen, inputs)
     if answers.stage is not None:
-        return Decision("stage", stage, f"stage {stage}: set by you; {needs}")
+        why = f"stage {stage}: set by you; {needs}"
+        if stage == 0:
+            why += ", " + _stage0_weights_words(answers, inputs.precision)
+        return Decision("stage", stage, why)
     lower = [
         _best_where(
             pool,
@@ -155,10 +174,9 @@ def decide_stage(chosen: Candidate, pool: list[Candidate], inputs: PlanInputs) -
     ]
     lower = [c for c in lower if c is not None]
     if stage == 0:
-        weights = answers.weights_dtype or "fp32"
         why = (
             f"stage 0 (plain data parallel, no DeepSpeed): {needs} without "
-            f"partitioning anything, with {weights} weights (grads and Adam states in {weights})"
+            f"partitioning anything, {_stage0_weights_words(answers, inputs.precision)}"
         )
     elif lower:
         next_lower = max(lower, key=lambda c: c.option.stage)

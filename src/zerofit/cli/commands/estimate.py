@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from zerofit.cli.answer_flags import add_answer_flags, cluster_facts_answers, given_flags
+from zerofit.cli.console import output_console
 
 if TYPE_CHECKING:
     from zerofit.planning.report import EstimateReport
@@ -137,9 +138,7 @@ def run(args) -> int:
     if args.json:
         print(json.dumps(report.as_json(), indent=2))
         return 0
-    from rich.console import Console
-
-    console = Console()
+    console = output_console()
     # the setup is a heading of its own, not the table's title: rich folds a title to the table's
     # width, cutting a long model path mid-word
     console.print(render_heading(report), highlight=False)

@@ -8,6 +8,7 @@ import json
 from typing import TYPE_CHECKING
 
 from zerofit.cli.answer_flags import add_answer_flags, answers_from_args
+from zerofit.cli.console import output_console
 
 if TYPE_CHECKING:
     from zerofit.planning.plan import Plan
@@ -34,9 +35,7 @@ def run(args) -> int:
     if args.json:
         print(json.dumps(result.as_json(), indent=2))
         return 0
-    from rich.console import Console
-
-    console = Console()
+    console = output_console()
     console.print(render_decisions(result))
     console.print(render_speed(result), highlight=False)
     console.print(render_alternatives(result))
