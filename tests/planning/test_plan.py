@@ -404,3 +404,16 @@ def test_an_offload_override_names_only_that_part_as_yours():
     assert reason == (
         "optimizer states offloaded to cpu: set by you; params stay on the GPU: planner's choice"
     )
+
+
+def test_the_adapters_note_quotes_each_adapter_plans_step_time():
+    """When a full fine-tune does not fit, the note names LoRA's and QLoRA's predicted step time
+    beside their fit (the same plan's speed report that `plan --finetuning lora` prints)."""
+    from zerofit.planning.reasons import adapters_hint
+
+    answers = Answers(model="qwen2.5-7b", gpu="RTX4090", gpus_per_node=2, host_ram_gib=64.0)
+    hint = adapters_hint(plan(answers))
+    lora = plan(answers.replace(finetuning="lora"))
+    assert f"LoRA fits: ZeRO-{lora.stage}" in hint
+    assert f"{lora.speed.step_time_s:.2f} s/step" in hint
+    assert hint.count(" s/step") == 2

@@ -467,6 +467,6 @@ def _adapter_plan_words(adapter_plan) -> str:
     where += f", micro {adapter_plan.micro_batch}"
     if not adapter_plan.fits:
         return f"does not fit either ({where} needs {gib(adapter_plan.gpu_need_gib)}/GPU)"
-    step = getattr(adapter_plan, "step_time_s", None)
+    step = adapter_plan.speed.step_time_s
     speed = f", {step:.2f} s/step" if step else ""
     return f"fits: {where}, {gib(adapter_plan.spare_gib)} spare{speed}"
