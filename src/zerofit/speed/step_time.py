@@ -17,6 +17,8 @@ time is the sum of:
   far as the GPU's work does not hide them (``hook_seconds``, ``recompute_host_seconds``);
 - under LoRA, PEFT's memory-bound adapter path (``adapter_elementwise_seconds``); under
   FlashAttention-3 on Hopper, its faster attention (``attention_kernel_savings``);
+- under QLoRA, bitsandbytes' dequantization of each 4-bit weight on every use, its HBM bytes and
+  host calls (``qlora_dequantize_seconds``, speed/quantization.py);
 - for GRPO, the rollout that feeds the step (speed/generation.py ``estimate_generation_time``).
 
 The named constants below are the only fitted numbers; each says its value and the rows
@@ -47,6 +49,7 @@ from zerofit.speed.generation import (
     estimate_generation_time,
     scored_logit_positions,
 )
+from zerofit.speed.quantization import estimate_qlora_base, exposed_qlora_host_seconds
 
 # Fitted per GPU generation (never per row), with the per-step costs below, by least squares over
 # a small grid (median |error| of the rows named):
@@ -197,6 +200,9 @@ class StepTime:
     mfu: float  # model FLOPs (no recompute) per second over the GPU's dense 16-bit peak
     # GRPO's rollout (speed/generation.py); None for workloads that generate nothing
     generation_s: float | None = None
+    # QLoRA's 4-bit base: its dequantizations and peft's clones on the GPU, and their host calls
+    # beyond what the GPU hides (speed/quantization.py); None for lora and full fine-tunes
+    dequantize_s: float | None = None
 
     def breakdown(self) -> dict[str, float]:
         """The terms that add up to ``total_s``, rounded for reports (``generation_s`` only
@@ -212,6 +218,8 @@ class StepTime:
         }
         if self.generation_s is not None:
             terms["generation_s"] = self.generation_s
+        if self.dequantize_s is not None:
+            terms["dequantize_s"] = self.dequantize_s
         return {name: round(value, 4) for name, value in terms.items()}
 
 
@@ -784,6 +792,32 @@ def adapter_elementwise_seconds(
     return tokens * per_token / (device.memory_gbps * 1e9 * DECODE_HBM_EFFICIENCY)
 
 
+def qlora_dequantize_seconds(
+    setup: TrainSetup,
+    model: ModelSpec,
+    device: DeviceProfile,
+    trainable: int,
+    gpu_micro_step_s: float,
+) -> float | None:
+    """One optimizer step's seconds of QLoRA's 4-bit base (speed/quantization.py
+    ``estimate_qlora_base``): its dequantizations' and clones' HBM work in every micro step, and
+    its dequantizing calls' host time as far as the micro step's GPU work (``gpu_micro_step_s``
+    and that HBM work) does not hide it beyond the host's other work in the micro step: its
+    fixed cost, DeepSpeed's hooks and checkpointing's dispatch (speed/quantization.py
+    ``exposed_qlora_host_seconds``). None for lora and full fine-tunes."""
+    if setup.finetuning != "qlora":
+        return None
+    trained, _ = sequences_per_micro_step(setup)
+    base = estimate_qlora_base(setup, model, device, trained, wire_element_bytes(setup, device))
+    gpu_s = gpu_micro_step_s + base.gpu_s
+    host_s = device.micro_step_overhead_s + recompute_host_seconds(setup, model, device)
+    exposed_s = 0.0
+    for boundary, micro_steps in ((False, setup.grad_accum - 1), (True, 1)):
+        other_host_s = host_s + hook_seconds(setup, model, device, trainable, boundary=boundary)
+        exposed_s += micro_steps * exposed_qlora_host_seconds(base.host_s, other_host_s, gpu_s)
+    return setup.grad_accum * base.gpu_s + exposed_s
+
+
 # adapter targets outside the decoder layers (memory/lora.py ``targeted_modules``)
 OUTSIDE_LAYERS = ("lm_head", "embed_tokens")
 
@@ -913,6 +947,8 @@ def estimate_step_time(
     total_s = (
         compute_s + recompute_s + exposed_comm_s + transfer_s + cpu_adam_s + gpu_step_s
     ) + overhead_s + (generation_s or 0.0)
+    dequantize_s = qlora_dequantize_seconds(setup, model, device, trainable, gpu_micro_step_s)
+    total_s += dequantize_s or 0.0
     tokens = trained * setup.seq_len * micro_steps
     model_flops = (flops.forward + flops.backward + reference_flops.forward) * micro_steps
     return StepTime(
@@ -927,4 +963,5 @@ def estimate_step_time(
         tokens_per_s_per_gpu=tokens / total_s,
         mfu=model_flops / total_s / peak,
         generation_s=generation_s,
+        dequantize_s=dequantize_s,
     )
