@@ -35,6 +35,7 @@ TERM_WORDS = {
     "gpu_optimizer_s": "GPU optimizer step",
     "overhead_s": "fixed per-step cost",
     "generation_s": "generation",  # grpo's rollout (speed/generation.py)
+    "dequantize_s": "4-bit dequantization",  # qlora's base (speed/quantization.py)
 }
 
 

@@ -196,6 +196,8 @@ def render_speed(report: EstimateReport) -> str:
         "optimizer": terms["gpu_optimizer_s"],
         "fixed costs": terms["overhead_s"],
         "generation": terms.get("generation_s", 0.0),  # grpo's rollout (speed/generation.py)
+        # qlora's 4-bit base, dequantized on every use (speed/quantization.py)
+        "4-bit dequantization": terms.get("dequantize_s", 0.0),
     }
     where = ", ".join(f"{name} {seconds:.2f} s" for name, seconds in parts.items() if seconds)
     line = (
