@@ -423,7 +423,22 @@ def comparison_lines(rows: list[dict]) -> list[str]:
         for row in rows
         if row.get("kind") == "step" and "error" not in row
     }
-    lines = ["shape ckpt seq: lora s, qlora s (measured / predicted); qlora - lora"]
+    lines = []
+    for row in rows:
+        if row.get("kind") == "dequantize" and row.get("gpu_s_dequantize"):
+            lines.append(
+                f"dequantize {row['weight']}: {row['gpu_s_dequantize'] * 1e6:.1f} us measured, "
+                f"{row['est_gpu_s_dequantize'] * 1e6:.1f} us predicted "
+                f"({row['achieved_gbps']} GB/s at zerofit's bytes)"
+            )
+        if row.get("kind") == "host" and "est_host_s_per_dequantize" in row:
+            lines.append(
+                f"host per dequantization: {row['host_s_per_dequantize'] * 1e6:.1f} us measured "
+                f"(forward +{row.get('host_s_forward_extra', 0) * 1e6:.1f}, backward "
+                f"+{row.get('host_s_backward_extra', 0) * 1e6:.1f}); DEQUANTIZE_HOST_S_PER_CALL "
+                f"{row['est_host_s_per_dequantize'] * 1e6:.1f} us"
+            )
+    lines.append("shape ckpt seq: lora s, qlora s (measured / predicted); qlora - lora")
     for (shape, ckpt, seq, finetuning), lora in steps.items():
         qlora = steps.get((shape, ckpt, seq, "qlora"))
         if finetuning != "lora" or qlora is None or "est_step_s" not in qlora:

@@ -120,6 +120,8 @@ def test_annotate_adds_zerofits_predictions_and_the_comparison(tmp_path, capsys)
     assert qlora["err_step"] == pytest.approx(qlora["est_step_s"] / 0.33 - 1, abs=1e-3)
     assert "error" in failed and "est_step_s" not in failed
     assert "qwen2.5-1.5b no-ckpt 2048" in printed and "+0.0300 measured" in printed
+    assert "host per dequantization: 100.0 us measured" in printed
+    assert "dequantize qwen2.5-7b.up_proj: 70.0 us measured" in printed
     # annotating again gives the same file
     before = results.read_text()
     BENCH.annotate(results)
