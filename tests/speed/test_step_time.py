@@ -294,6 +294,54 @@ def test_each_stage_counts_its_hooks_and_checkpointing_its_host_recompute():
     assert recompute_host_seconds(checkpointed, SMALL, cpu_profile(measured)) == 0
 
 
+def forward_called_modules(model) -> int:
+    """Modules whose forward runs in one forward of ``model``: those ZeRO-3 fetches and releases
+    (its pre-forward hook is the one parameter_offload.py registers on every module)."""
+    import torch
+
+    fired = []
+    handles = [
+        module.register_forward_pre_hook(lambda *_, name=name: fired.append(name))
+        for name, module in model.named_modules()
+    ]
+    model(input_ids=torch.randint(0, 256, (1, 8)))
+    for handle in handles:
+        handle.remove()
+    return len(fired)
+
+
+@pytest.mark.parametrize("targets", ["all-linear", "q_proj,v_proj,down_proj"])
+def test_zero3_counts_the_modules_peft_runs_inside_each_adapter(targets):
+    """ZeRO-3 hooks every module a forward calls; under LoRA, PEFT's base_layer, lora_dropout,
+    lora_A and lora_B inside each adapted linear and its PeftModel wrapper are such modules
+    (peft/tuners/lora/layer.py ``Linear.forward``): counted on a real peft model."""
+    import peft
+    import transformers
+
+    from zerofit.models.resolve import spec_from_config
+    from zerofit.speed.step_time import zero3_hooked_modules
+
+    shape = {
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "vocab_size": 256,
+    }
+    spec = spec_from_config({"model_type": "qwen2", **shape}, "tiny-qwen2")
+    config = transformers.Qwen2Config(**shape, use_cache=False)
+    plain = transformers.Qwen2ForCausalLM(config)
+    assert zero3_hooked_modules(spec) == forward_called_modules(plain)
+    modules = targets if targets == "all-linear" else targets.split(",")
+    adapted = peft.get_peft_model(
+        transformers.Qwen2ForCausalLM(config), peft.LoraConfig(r=4, target_modules=modules)
+    )
+    setup = TrainSetup(stage=3, finetuning="lora", lora_targets=targets)
+    assert zero3_hooked_modules(spec, setup) == forward_called_modules(adapted)
+    assert zero3_hooked_modules(spec, TrainSetup(stage=3)) == zero3_hooked_modules(spec)
+
+
 def test_zero1_reduces_through_its_hooks_only_at_the_accumulation_boundary():
     """ZeRO-1's gradient hook does its bucket work only in the optimizer step's last micro step
     (stage_1_and_2.py ``reduce_ready_partitions_and_remove_grads``); ZeRO-2's in every one. So
