@@ -28,8 +28,9 @@ Plan only:  python3 benchmarks/qlora_step_time.py --dry-run [--quick]
 CPU run:    python3 benchmarks/qlora_step_time.py --device cpu --tiny --out tiny.jsonl
 Add zerofit's predictions and print the comparison (where zerofit is importable):
     python benchmarks/qlora_step_time.py --annotate qlora.jsonl
-The public QLoRA rows (the Qwen README's) against zerofit, no GPU:
-    python benchmarks/qlora_step_time.py --public
+No public step time of a bitsandbytes QLoRA run is stored: the Qwen README's "Q-LoRA" rows
+(tests/data/step_times_public.jsonl) train its GPTQ Int4 checkpoints through auto-gptq's kernels,
+not NF4, and benchmarks/step_times_public.py leaves them out for that reason.
 """
 
 from __future__ import annotations
@@ -472,49 +473,6 @@ def annotate(path: Path) -> None:
         print(line)
 
 
-def public_qlora_lines() -> list[str]:
-    """The public QLoRA rows (tests/data/step_times_public.jsonl: the Qwen README's single-A100
-    sweeps, which step_times_public.py leaves out) predicted as that script predicts their LoRA
-    twins, with and without the 4-bit base's term, beside the measured LoRA twin."""
-    import dataclasses
-
-    import step_times_public
-
-    from zerofit.speed.step_time import estimate_step_time
-
-    path = Path(__file__).resolve().parents[1] / "tests" / "data" / "step_times_public.jsonl"
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    by_id = {row["id"]: row for row in rows}
-    lines = ["row: measured qlora s (lora twin s) | predicted qlora s (dequantize_s), lora s"]
-    for row in rows:
-        if row["setup"].get("tuning") != "qlora" or "step_s" not in row["measured"]:
-            continue
-        as_lora = dict(row, setup=dict(row["setup"], tuning="lora"))
-        if step_times_public.why_not_expressible(as_lora):
-            continue
-        expressed = step_times_public.express(as_lora)
-        steps = {}
-        for finetuning in ("lora", "qlora"):
-            setup = dataclasses.replace(expressed.setup, finetuning=finetuning)
-            steps[finetuning] = estimate_step_time(
-                setup,
-                expressed.model,
-                expressed.gpu,
-                trainable_params=expressed.trainable,
-                sample_len=expressed.sample_len,
-            )
-        measured = row["measured"]["step_s"]
-        twin = by_id.get(row["id"].replace("-qlora-", "-lora-"), {}).get("measured", {})
-        qlora, lora = steps["qlora"], steps["lora"]
-        lines.append(
-            f"{row['id']}: {measured} ({twin.get('step_s', '-')}) | {qlora.total_s:.2f} "
-            f"({qlora.dequantize_s:.2f}), {lora.total_s:.2f}; "
-            f"error {qlora.total_s / measured - 1:+.0%} (without the term "
-            f"{lora.total_s / measured - 1:+.0%})"
-        )
-    return lines
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
@@ -523,9 +481,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--dry-run", action="store_true", help="print the planned rows and stop")
     parser.add_argument("--out", type=Path, help="also write the JSON lines here")
     parser.add_argument("--annotate", type=Path, help="add zerofit's predictions to a results file")
-    parser.add_argument(
-        "--public", action="store_true", help="the public QLoRA rows against zerofit (no GPU)"
-    )
     args = parser.parse_args(argv)
     if args.tiny:
         args.shape_names = ["tiny"]
@@ -538,9 +493,6 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     if args.annotate:
         annotate(args.annotate)
-        return
-    if args.public:
-        print("\n".join(public_qlora_lines()))
         return
     if args.dry_run:
         for row in plan(args):

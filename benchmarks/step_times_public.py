@@ -231,7 +231,9 @@ def why_not_expressible(row: dict) -> str | None:
     if setup["precision"] not in ("bf16", "fp16"):
         return f"precision {setup['precision']} (the model knows 16-bit compute only)"
     if setup["tuning"] == "qlora":
-        return "QLoRA (4-bit dequantization not modeled)"
+        # every stored QLoRA row is the Qwen README's, whose finetune.py loads the GPTQ Int4
+        # checkpoints (GPTQConfig(bits=4, disable_exllama=True)): auto-gptq's kernels
+        return "QLoRA on a GPTQ Int4 checkpoint (zerofit models bitsandbytes NF4)"
     if setup["workload"] not in ("sft", "pretrain", "dpo"):
         return "workload without a training-only step"
     options = setup.get("options") or {}

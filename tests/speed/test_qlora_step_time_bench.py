@@ -126,11 +126,3 @@ def test_annotate_adds_zerofits_predictions_and_the_comparison(tmp_path, capsys)
     before = results.read_text()
     BENCH.annotate(results)
     assert results.read_text() == before
-
-
-def test_public_prints_the_readme_qlora_rows_with_and_without_the_term():
-    """The Qwen README's 24 single-A100 QLoRA rows, each predicted with its dequantize_s."""
-    lines = BENCH.public_qlora_lines()
-    assert len(lines) == 1 + 24
-    assert all("without the term" in line for line in lines[1:])
-    assert lines[1].startswith("qwen1-1.8b-qlora-seq256: 1.4 (1.0) |")
