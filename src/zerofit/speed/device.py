@@ -68,6 +68,10 @@ class DeviceProfile:
     # the device's own memory in GiB (a catalog GPU's), for what must fit beside the training
     # (a colocated vLLM's KV cache); None where unknown (a CPU rank)
     memory_gib: float | None = None
+    # parameters per second of the optimizer step that runs on the device, where it is measured
+    # (a CPU rank's torch AdamW); None: HBM-bound, step_time.GPU_ADAM_BYTES_PER_PARAM per
+    # parameter at ``memory_gbps`` (step_time.py ``gpu_optimizer_seconds``)
+    optimizer_params_per_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -81,19 +85,34 @@ class CpuMeasurements:
     reduce_scatter_cost: float = 1.0  # a timed reduce-scatter over a ring's at ``link_gbits``
     all_gather_cost: float = 1.0  # a timed all-gather over a ring's at ``link_gbits``
     intra_node_gbits: float = 0.0  # between ranks of one node (0: one rank per node)
+    # the model's own forward and backward at the run's micro batch, its FLOPs as speed/flops.py
+    # counts them per second (``measure_training_tflops``); 0: unmeasured, ``matmul_tflops``
+    training_tflops: float = 0.0
+    # torch AdamW's step over a partition-sized flat tensor (``measure_torch_adam_params_per_s``),
+    # the optimizer a rank steps without offload; 0: unmeasured (``memory_gbps`` bounds it)
+    torch_adam_params_per_s: float = 0.0
+    # ZeRO-1/2's gradient all-reduce as DeepSpeed issues it, its copies included
+    # (``measure_bucket_all_reduce``), Gbit/s on the same count as ``link_gbits``; 0: unmeasured
+    bucket_all_reduce_gbits: float = 0.0
 
 
 def cpu_profile(measured: CpuMeasurements) -> DeviceProfile:
     """A measured CPU rank as a device, with nothing fitted to the run it predicts.
 
-    - compute: the measured matmul rate at the model's own shapes and tokens per micro step, so
-      the curve is flat at 1.0 (the measurement already is the achieved rate at those tokens);
-    - the device's memory and the host are the same DRAM: the optimizer step, the offload copies
-      (DeepSpeed's "host" buffers are plain tensors on the same memory) and CPUAdam run at what
-      was measured;
-    - the link is measured by a collective, so its efficiency is already in the number (1.0),
-      and gloo's reduce-scatter and all-gather, which do not run at the all-reduce's bandwidth,
-      are measured beside it (``reduce_scatter_cost``, ``all_gather_cost``);
+    - compute: the model's own forward and backward at the run's micro batch (its matmuls and
+      everything between them: attention, norms, activations, the loss, autograd's gradient
+      buffers), as FLOPs per second on speed/flops.py's count (``training_tflops``), so the
+      curve is flat at 1.0 (the measurement already is the achieved rate at those tokens);
+      where that is unmeasured, the linear layers' matmul rate alone;
+    - the device's memory and the host are the same DRAM: the offload copies (DeepSpeed's
+      "host" buffers are plain tensors on the same memory) run at the measured bandwidth,
+      CPUAdam and, without offload, torch's AdamW at their own measured rates;
+    - the link is measured by collectives, so its efficiency is what DeepSpeed's own
+      gradient all-reduce reaches of it, its copies around the collective included
+      (``bucket_all_reduce_gbits`` over ``link_gbits``; 1.0 where unmeasured), and gloo's
+      reduce-scatter and all-gather, which do not run at the all-reduce's bandwidth, are
+      measured beside it (``reduce_scatter_cost``, ``all_gather_cost``, rescaled so that their
+      seconds stay those measured);
     - ``overlaps_comm`` False: gloo runs a collective on the calling thread and the CPU
       accelerator's streams are no-ops (deepspeed/accelerator/cpu_accelerator.py ``Stream`` is a
       null context), so ``overlap_comm`` and ZeRO-3's prefetch do not hide communication behind
@@ -105,9 +124,12 @@ def cpu_profile(measured: CpuMeasurements) -> DeviceProfile:
     """
     cpu_adam_gbps = measured.cpu_adam_params_per_s * CPU_ADAM_BYTES_PER_PARAM / 1e9
     intra_gbits = measured.intra_node_gbits or measured.link_gbits
+    link_efficiency = 1.0
+    if measured.bucket_all_reduce_gbits > 0:
+        link_efficiency = min(1.0, measured.bucket_all_reduce_gbits / measured.link_gbits)
     return DeviceProfile(
         name="cpu (measured)",
-        peak_tflops=measured.matmul_tflops,
+        peak_tflops=measured.training_tflops or measured.matmul_tflops,
         efficiency=EfficiencyCurve(peak_fraction=1.0, half_tokens=0.0),
         memory_gbps=measured.memory_gbps,
         link_gbps=intra_gbits / 8,
@@ -118,11 +140,12 @@ def cpu_profile(measured: CpuMeasurements) -> DeviceProfile:
         grad_hook_s_per_tensor=0.0,
         stage3_fetch_s_per_module=0.0,
         recompute_host_s_per_layer=0.0,
-        link_efficiency=1.0,
+        link_efficiency=link_efficiency,
         overlaps_comm=False,
         wire_bytes_follow_precision=True,
-        reduce_scatter_cost=measured.reduce_scatter_cost,
-        all_gather_cost=measured.all_gather_cost,
+        reduce_scatter_cost=measured.reduce_scatter_cost * link_efficiency,
+        all_gather_cost=measured.all_gather_cost * link_efficiency,
+        optimizer_params_per_s=measured.torch_adam_params_per_s or None,
     )
 
 
@@ -182,6 +205,56 @@ def measure_cpu_adam_params_per_s(params: int) -> float:
     return params / median_seconds(optimizer.step, 3)
 
 
+def measure_training_tflops(model_config: dict, micro_batch: int, seq_len: int) -> float:
+    """FLOPs per second (speed/flops.py's count) of the model's own forward and backward at
+    ``micro_batch`` x ``seq_len`` random tokens: its matmuls and everything between them
+    (attention, norms, activations, the loss, autograd's fresh gradient buffers), which the
+    matmul rate alone leaves out. The model built from ``model_config`` (a transformers
+    config.json's fields) with none and with two decoder layers gives the seconds outside the
+    layers and those of one layer; the whole depth is composed from them, so the measurement
+    holds two layers' weights, not the model's."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from zerofit.models.resolve import spec_from_config
+    from zerofit.speed.flops import forward_flops_per_sequence, step_flops_from_terms
+
+    fields = {key: value for key, value in model_config.items() if key != "model_type"}
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, model_config["vocab_size"], (micro_batch, seq_len), generator=generator)
+    seconds = {}
+    for depth in (0, 2):
+        config = AutoConfig.for_model(model_config["model_type"], **fields)
+        config.num_hidden_layers = depth
+        model = AutoModelForCausalLM.from_config(config)
+
+        def forward_backward(model=model) -> None:
+            model(input_ids=ids, labels=ids).loss.backward()
+            model.zero_grad(set_to_none=True)  # every micro step's gradients start fresh
+
+        seconds[depth] = median_seconds(forward_backward, 3)
+    per_layer = max(0.0, seconds[2] - seconds[0]) / 2
+    step_s = seconds[0] + model_config["num_hidden_layers"] * per_layer
+    terms = forward_flops_per_sequence(spec_from_config(model_config, "measured"), seq_len)
+    flops = step_flops_from_terms(terms, sequences=micro_batch)
+    return (flops.forward + flops.backward) / step_s / 1e12
+
+
+def measure_torch_adam_params_per_s(params: int) -> float:
+    """Parameters per second of torch's AdamW step (torch/optim/adamw.py, the single-tensor
+    loop it runs on CPU tensors) over one flat fp32 tensor of ``params``: the optimizer
+    DeepSpeed steps a rank's flat partition with when the optimizer stays on the device
+    (runtime/engine.py ``_configure_basic_optimizer``, ``torch_adam``). Its temporaries
+    (``exp_avg_sq.sqrt()``, the step's divisions) are fresh tensors of the partition's size, so
+    it runs well below the memory bandwidth that bounds it on a GPU."""
+    import torch
+
+    weight = torch.nn.Parameter(torch.zeros(params))
+    weight.grad = torch.ones(params)
+    optimizer = torch.optim.AdamW([weight], lr=1e-4)
+    return params / median_seconds(optimizer.step, 3)
+
+
 @dataclass(frozen=True)
 class LinkMeasurements:
     """The link between the ranks, by a timed collective of each kind DeepSpeed issues."""
@@ -189,11 +262,43 @@ class LinkMeasurements:
     gbits: float  # per rank, from the all-reduce: a ring all-reduce sends 2 (n-1)/n of the buffer
     reduce_scatter_cost: float  # reduce-scatter seconds over a ring's (n-1)/n at ``gbits``
     all_gather_cost: float  # all-gather seconds over a ring's (n-1)/n at ``gbits``
+    bucket_gbits: float = 0.0  # ZeRO-1/2's bucketed all-reduce, on the count of ``gbits``
+
+
+def bucket_all_reduce(grads: list, bucket, partition, group=None) -> None:
+    """ZeRO-1/2's reduction of one gradient bucket without ``overlap_comm``, as DeepSpeed 0.19
+    issues it on the calling thread (runtime/zero/stage_1_and_2.py): each gradient copied into
+    the contiguous bucket (``reduce_independent_p_g_buckets_and_remove_grads``), the bucket
+    divided by the ranks (``average_tensor``), flattened into a new tensor and all-reduced
+    (``allreduce_bucket``: ``self.flatten``, torch's ``_flatten_dense_tensors``), this rank's
+    slice copied back into the bucket (``allreduce_and_copy_with_multiple_ranks``) and from
+    there into the rank's gradient partition (``copy_grads_in_partition``). The new tensor is
+    what costs most on a CPU: past glibc's mmap threshold every such buffer is fresh pages."""
+    import torch.distributed as dist
+    from torch._utils import _flatten_dense_tensors
+
+    ranks = dist.get_world_size(group)
+    slices = []
+    offset = 0
+    for grad in grads:
+        view = bucket.narrow(0, offset, grad.numel())
+        view.copy_(grad.view(-1))
+        slices.append(view)
+        offset += grad.numel()
+    filled = bucket.narrow(0, 0, offset)
+    filled.div_(ranks)
+    flat = _flatten_dense_tensors(slices)
+    dist.all_reduce(flat, group=group)
+    share = offset // ranks
+    start = dist.get_rank(group) * share
+    filled.narrow(0, start, share).copy_(flat.narrow(0, start, share))
+    partition.copy_(filled.narrow(0, start, share))
 
 
 def measure_link(megabytes: float = 8.0, group=None, repeats: int = 3) -> LinkMeasurements:
     """Time an all-reduce, a reduce-scatter and an all-gather of ``megabytes`` (the whole
-    buffer) over ``group`` (None: every rank); large enough that bandwidth, not latency, sets
+    buffer) over ``group`` (None: every rank), and ZeRO-1/2's bucketed all-reduce of as many
+    gradient bytes (``bucket_all_reduce``); large enough that bandwidth, not latency, sets
     the time. The reduce-scatter and all-gather are the calls DeepSpeed makes on gloo
     (deepspeed/comm/comm.py ``reduce_scatter_fn`` and ``allgather_fn``: the ``*_tensor`` forms)."""
     import torch
@@ -209,33 +314,47 @@ def measure_link(megabytes: float = 8.0, group=None, repeats: int = 3) -> LinkMe
     all_gather_s = median_seconds(
         lambda: dist.all_gather_into_tensor(whole, shard, group=group), repeats
     )
+    grads = list(torch.ones(whole.numel()).chunk(8))
+    bucket = torch.empty(whole.numel())
+    bucket_s = median_seconds(lambda: bucket_all_reduce(grads, bucket, shard, group), repeats)
     ring_s = all_reduce_s / 2  # one ring pass of the buffer at the all-reduce's bandwidth
     sent = 2 * (ranks - 1) / ranks * whole.numel() * 4
     return LinkMeasurements(
         gbits=sent * 8 / all_reduce_s / 1e9,
         reduce_scatter_cost=reduce_scatter_s / ring_s,
         all_gather_cost=all_gather_s / ring_s,
+        bucket_gbits=sent * 8 / bucket_s / 1e9,
     )
 
 
 def measure_cpu_device(
     *,
-    hidden: int,
-    intermediate: int,
-    vocab: int,
-    tokens: int,
+    model_config: dict,
+    micro_batch: int,
+    seq_len: int,
     partition_params: int,
     link_megabytes: float = 8.0,
 ) -> CpuMeasurements:
     """Every rate of ``cpu_profile``, measured in this rank (torch.distributed initialized, the
     other ranks calling it at the same time so that they contend for the cores as in the run).
+    ``model_config``: the model's transformers config fields (its shapes, and its own layers
+    for ``measure_training_tflops``), trained at ``micro_batch`` x ``seq_len`` tokens.
     ``link_megabytes``: the collectives' buffer, no larger than the model's gradients."""
     link = measure_link(link_megabytes, repeats=2)
+    matmul_tflops = measure_matmul_tflops(
+        model_config["hidden_size"],
+        model_config["intermediate_size"],
+        model_config["vocab_size"],
+        micro_batch * seq_len,
+    )
     return CpuMeasurements(
-        matmul_tflops=measure_matmul_tflops(hidden, intermediate, vocab, tokens),
+        matmul_tflops=matmul_tflops,
         memory_gbps=measure_memory_gbps(),
         cpu_adam_params_per_s=measure_cpu_adam_params_per_s(partition_params),
         link_gbits=link.gbits,
         reduce_scatter_cost=link.reduce_scatter_cost,
         all_gather_cost=link.all_gather_cost,
+        training_tflops=measure_training_tflops(model_config, micro_batch, seq_len),
+        torch_adam_params_per_s=measure_torch_adam_params_per_s(partition_params),
+        bucket_all_reduce_gbits=link.bucket_gbits,
     )

@@ -501,11 +501,15 @@ def offload_seconds(
 def gpu_optimizer_seconds(
     setup: TrainSetup, gpu: GpuSpec | DeviceProfile, trainable: int
 ) -> float:
-    """The optimizer step on the GPU, HBM-bound: this rank's trainable partition's bytes."""
+    """The optimizer step on the GPU, HBM-bound: this rank's trainable partition's bytes; on a
+    device whose optimizer rate is measured (``DeviceProfile.optimizer_params_per_s``: a CPU
+    rank's torch AdamW), its parameters at that rate."""
     if setup.offload_optimizer != "none":
         return 0.0
     device = as_device(gpu)
     partition = trainable if setup.stage == 0 else trainable / setup.world_size
+    if device.optimizer_params_per_s:
+        return partition / device.optimizer_params_per_s
     return partition * GPU_ADAM_BYTES_PER_PARAM / (device.memory_gbps * 1e9)
 
 
