@@ -554,17 +554,145 @@ def test_qlora_base_is_sharded_under_zero3_only_with_matching_storage():
     assert lora.frozen_base_bytes(QWEN25_7B, offloaded, 2) == state
 
 
-def test_zero3_gathers_the_16_bit_lm_head_of_a_4bit_base():
-    """At the loss ZeRO-3 gathers the LM head, which transformers leaves in 16-bit
-    (get_keys_to_not_convert); the layer and the prefetch bucket gather packed NF4 values."""
+def test_zero3_gathers_the_16_bit_lm_head_and_packed_4bit_layers():
+    """ZeRO-3's gather arithmetic runs on the parameters DeepSpeed holds: the LM head and the
+    embedding whole in bf16 (get_keys_to_not_convert), each Linear4bit weight as its packed
+    bf16 elements (a quarter of its count), the adapters with their layer. The prefetch bucket
+    counts those elements, so it is not divided by four (it was, before: one rank's 16-bit
+    figure scaled down whole)."""
     from memory_shapes import QWEN25_7B
 
+    from zerofit.memory.states import stage3_live_params
+
     setup = _seven_b(stage=3, finetuning="qlora")
+    buckets = setup.bucket_sizes(QWEN25_7B.hidden_size)
+    held = lora.zero3_parameter_model(QWEN25_7B, setup, 2)
+    quantized, _ = lora.quantized_elements(QWEN25_7B)
+    assert held.params == QWEN25_7B.params - quantized + quantized // 4
+    trainable = lora.adapter_params(QWEN25_7B, 16, "all-linear")
+    with_adapters = dataclasses.replace(held, params=held.params + trainable)
+    live = lora.zero3_live_param_bytes(QWEN25_7B, setup, 2, buckets)
+    assert live == stage3_live_params(with_adapters, setup, 2, buckets)
     head = QWEN25_7B.vocab_size * QWEN25_7B.hidden_size * 2
-    layer = 200_000_000 * 2
-    assert lora.qlora_live_param_bytes(QWEN25_7B, setup, 2, head + layer) == head + layer // 4
-    est = estimate_memory(QWEN25_7B, setup)
-    assert est.breakdown["live_params"] > head
+    assert head < live < stage3_live_params(QWEN25_7B, setup, 2, buckets)
+    assert estimate_memory(QWEN25_7B, setup).phases["forward"] >= live
+
+
+def test_packed_elements_are_what_bitsandbytes_stores_in_the_compute_dtype():
+    """A 4-bit weight stored in bf16 (bnb_4bit_quant_storage) is a parameter of n / 4
+    elements: what DeepSpeed partitions, gathers and offloads (lora.packed_elements)."""
+    torch = pytest.importorskip("torch")
+    bnb = pytest.importorskip("bitsandbytes")
+
+    for storage, width in ((torch.bfloat16, 2), (torch.uint8, 1)):
+        weight = torch.randn(352, 128)
+        param = bnb.nn.Params4bit(
+            weight, requires_grad=False, quant_type="nf4", quant_storage=storage
+        )._quantize("cpu")
+        assert param.numel() == lora.packed_elements(weight.numel(), width)
+
+
+QLORA_OFFLOAD_SHAPE = dict(SHAPE)
+
+
+@pytest.fixture(scope="module")
+def zero3_qlora_offload():
+    """tests/scripts/zero3_qlora_offload_probe.py: a real ZeRO-3 engine, parameters offloaded,
+    on a transformers-loaded QLoRA model (one rank over gloo), per quant storage."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    pytest.importorskip("deepspeed")
+    pytest.importorskip("bitsandbytes")
+    from conftest import find_free_port
+
+    root = Path(__file__).resolve().parents[2]
+    env = dict(
+        os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1", MASTER_PORT=str(find_free_port())
+    )
+    script = root / "tests" / "scripts" / "zero3_qlora_offload_probe.py"
+    done = subprocess.run(
+        [sys.executable, str(script), json.dumps(QLORA_OFFLOAD_SHAPE)],
+        cwd=root, env=env, capture_output=True, text=True, timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])["results"]
+
+
+def test_offloaded_qlora_partitions_are_the_packed_base_exactly(zero3_qlora_offload):
+    """The real engine's CPU partitions (sum of ds_tensor.numel() * element_size()) are what
+    the host term counts before pinned rounding, to the byte: the 4-bit weights packed, the
+    embedding, LM head, norms and biases in bf16, the adapters in the optimizer's flat buffer.
+    A uint8 storage offloads the same bytes (DeepSpeed partitions it too); the quantization
+    state, no parameter, stays where it was loaded."""
+    from zerofit.memory import pinned
+
+    spec = _spec()
+    setup = TrainSetup(
+        stack="deepspeed", stage=3, world_size=1, finetuning="qlora", lora_rank=8,
+        offload_param="cpu",
+    )
+    held = lora.zero3_parameter_model(spec, setup, 2)
+    adapters = lora.adapter_tensor_sizes(spec, 8, "all-linear")
+    expected = pinned.zero3_partition_bytes(held, 1, 2, adapters)
+    quantized, _ = lora.quantized_elements(spec)
+    for storage, width in (("bfloat16", 2), ("uint8", 1)):
+        real = zero3_qlora_offload[storage]
+        print(storage, real, "estimate", expected)
+        assert real["devices"] == ["cpu"] and real["quant_state_devices"] == ["cpu"]
+        assert real["packed_linear_elements"] == lora.packed_elements(quantized, width)
+        assert real["frozen_bytes"] + real["trainable_bytes"] == expected
+        assert real["flat_buffer_bytes"] == [sum(adapters) * 2] == [real["trainable_bytes"]]
+    unpinned = dataclasses.replace(setup, pin_param_offload=False)
+    flat = pinned.pinned_bytes(sum(adapters) * 2)
+    assert lora.adapter_host_bytes_per_rank(spec, unpinned, 2) == (
+        expected - sum(adapters) * 2 + flat
+    )
+
+
+def test_70b_qlora_offload_host_ram_is_the_packed_base_not_a_16_bit_one():
+    """Llama-3.1-70B QLoRA on 2 GPUs, ZeRO-3 with optimizer and parameters on the CPU: each
+    rank offloads half the packed base (~19 GB), not half a 16-bit one (~70 GB); the frozen
+    base makes no flat buffer (it is in no optimizer param group), so nothing of it is
+    counted twice. The node's need was 406 GiB pinned (135 unpinned) before."""
+    from memory_shapes import LLAMA31_70B
+
+    setup = TrainSetup(
+        stack="hf", stage=3, world_size=2, gpus_per_node=2, finetuning="qlora",
+        offload_optimizer="cpu", offload_param="cpu", gradient_checkpointing=True,
+    )
+    held = lora.zero3_parameter_model(LLAMA31_70B, setup, 2)
+    per_rank_base = held.params * 2 / 2
+    assert 18e9 < per_rank_base < 20e9
+    host = estimate_memory(LLAMA31_70B, setup).cpu_bytes
+    unpinned = estimate_memory(LLAMA31_70B, setup.with_pinning(False)).cpu_bytes
+    assert 2 * per_rank_base < unpinned < host < 50 * 1024**3
+    uint8 = dataclasses.replace(setup, quant_storage="uint8")
+    assert estimate_memory(LLAMA31_70B, uint8).cpu_bytes == host
+
+
+def test_qlora_under_zero3_loads_the_whole_4bit_base_on_every_gpu():
+    """transformers builds a quantized model outside zero.Init and bitsandbytes puts it whole
+    on the current GPU: before deepspeed.initialize partitions it, every GPU holds the whole
+    4-bit base. Llama-3.1-70B's is ~37 GiB, more than an RTX 4090, offload or not; ZeRO-2
+    holds it through training anyway (no separate moment)."""
+    from memory_shapes import LLAMA31_70B
+
+    setup = TrainSetup(
+        stack="hf", gpu="RTX4090", stage=3, world_size=2, gpus_per_node=2,
+        finetuning="qlora", offload_optimizer="cpu", offload_param="cpu",
+        gradient_checkpointing=True,
+    )
+    est = estimate_memory(LLAMA31_70B, setup)
+    whole = lora.frozen_base_bytes(LLAMA31_70B, dataclasses.replace(setup, stage=2), 2)
+    assert est.phase == "load"
+    assert est.breakdown["frozen_params"] == whole
+    assert 36 * 1024**3 < est.peak_bytes and not est.fits(24.0)
+    zero2 = dataclasses.replace(setup, stage=2, offload_param="none")
+    assert "load" not in estimate_memory(LLAMA31_70B, zero2).phases
 
 
 def test_adapter_dpo_reference_is_the_base_with_adapters_disabled():

@@ -8,9 +8,11 @@ Pure arithmetic in bytes, no torch import. The peak is the maximum over the phas
 - ``backward`` gradient buckets allocated at the first grad hook + activations still held;
 - ``step``     optimizer.step(): fp32 grad copy and the optimizer implementation's temporaries;
 - ``reference`` (dpo/grpo with reference) the frozen model's forward without grad;
-- ``rollout``  (grpo, transformers generate) generation with its KV cache and sampling logits.
+- ``rollout``  (grpo, transformers generate) generation with its KV cache and sampling logits;
+- ``load``     (QLoRA under ZeRO-3) the whole 4-bit base on every GPU before
+  ``deepspeed.initialize`` partitions it (``lora.zero3_qlora_load_bytes``).
 
-Every phase also holds cuBLAS's workspaces on a CUDA GPU (``cublas_workspace``,
+Every other phase also holds cuBLAS's workspaces on a CUDA GPU (``cublas_workspace``,
 ``overheads.cublas_workspace_bytes``): torch takes them from the caching allocator.
 
 What the GPU holds outside max_memory_allocated (CUDA context, allocator fragmentation, NCCL
@@ -410,6 +412,11 @@ def estimate_memory(model, setup: TrainSetup) -> MemoryEstimate:
         # allocated at the first matmul of each thread and kept: every phase holds them
         for parts in phases.values():
             parts["cublas_workspace"] = workspaces
+    load = lora.zero3_qlora_load_bytes(model, setup, compute)
+    if load:
+        # QLoRA under ZeRO-3: every GPU holds the whole 4-bit base before deepspeed.initialize
+        # partitions it (before any matmul: no cuBLAS workspace yet)
+        phases["load"] = load
 
     totals = {name: sum(parts.values()) for name, parts in phases.items()}
     peak_phase = max(totals, key=totals.get)
@@ -437,12 +444,12 @@ def estimate_memory(model, setup: TrainSetup) -> MemoryEstimate:
 
 
 def _live_params(model, setup: TrainSetup, sizes: StepSizes) -> int:
-    """ZeRO-3's gathered parameters (states.stage3_live_params); a sharded 4-bit base gathers its
-    packed NF4 values, its LM head 16-bit weights (lora.qlora_live_param_bytes)."""
-    live = st.stage3_live_params(model, setup, sizes.compute_bytes, sizes.buckets)
-    if setup.finetuning == "qlora" and live:
-        live = lora.qlora_live_param_bytes(model, setup, sizes.compute_bytes, live)
-    return live
+    """ZeRO-3's gathered parameters (states.stage3_live_params); with adapters, they are
+    gathered with their layer, and a sharded 4-bit base gathers its packed NF4 values, counted
+    in DeepSpeed's elements, its LM head 16-bit weights (lora.zero3_live_param_bytes)."""
+    if lora.is_adapter(setup):
+        return lora.zero3_live_param_bytes(model, setup, sizes.compute_bytes, sizes.buckets)
+    return st.stage3_live_params(model, setup, sizes.compute_bytes, sizes.buckets)
 
 
 def _frozen_head_grad_bytes(model, setup: TrainSetup, sizes: StepSizes) -> int:
@@ -629,6 +636,8 @@ def _largest_free_range(
     """The allocator's worst unusable free range at the peak: blocks freed before the peak and
     split for smaller live tensors leave it, but requests smaller than it fill it, so only the
     leftover is lost (overheads.allocator_fragmentation_bytes)."""
+    if peak_phase == "load":
+        return 0  # the model is loaded before anything else is allocated and freed
     largest = max(
         (
             _largest_transient(name, model, setup, sizes, buffers, parts, phases[peak_phase])

@@ -219,6 +219,9 @@ def frozen_base_bytes(model, setup, element_bytes: int) -> int:
         state = nf4_state_bytes(quantized, tensors)
         partitioned = math.ceil(quantized / 2) + (params - quantized) * element_bytes
         shardable = setup.quant_storage == "compute"
+        if shardable:
+            # the packed weights in the compute dtype, as DeepSpeed partitions them
+            partitioned = zero3_parameter_model(model, setup, element_bytes).params * element_bytes
     else:
         state, partitioned, shardable = 0, params * element_bytes, True
     if setup.stage == 3 and shardable:
@@ -228,19 +231,115 @@ def frozen_base_bytes(model, setup, element_bytes: int) -> int:
     return partitioned + state
 
 
-def qlora_live_param_bytes(model, setup, element_bytes: int, live_bytes: int) -> int:
-    """ZeRO-3's gathered parameters with a 4-bit base, from ``states.stage3_live_params``'
-    16-bit figure (the LM head at the loss, one layer and the prefetch bucket). The LM head is
-    no ``Linear4bit`` (transformers' ``get_keys_to_not_convert``): it is gathered whole in
-    ``element_bytes``. A layer's linear weights, stored in the compute dtype
-    (``bnb_4bit_quant_storage``), gather their packed NF4 values: half a byte per weight (their
-    quantization state is never partitioned, ``frozen_base_bytes``). With the default uint8
-    storage nothing 4-bit is partitioned; the gathered share is the base's overall ratio."""
-    if setup.quant_storage != "compute":
-        whole = model.params * element_bytes
-        return math.ceil(live_bytes * frozen_base_bytes(model, setup, element_bytes) / whole)
-    head = min(live_bytes, model.vocab_size * model.hidden_size * element_bytes)
-    return head + math.ceil((live_bytes - head) / (2 * element_bytes))
+def packed_elements(elements: int, storage_bytes: int) -> int:
+    """Elements of the tensor one 4-bit weight of ``elements`` values is packed into, in a storage
+    dtype of ``storage_bytes`` (``bnb_4bit_quant_storage``): two 4-bit values per byte
+    (``bitsandbytes/backends/cuda/ops.py`` ``quantize_4bit``: ``torch.empty(((n + 1) //
+    (quant_storage.itemsize * 2), 1), dtype=quant_storage)``; the default (CPU) kernel packs the
+    bytes and ``view``s them as ``quant_storage``). In bf16 storage a weight of n values is a
+    parameter of n / 4 elements: what ``Params4bit.numel()`` and DeepSpeed's ``ds_numel`` are."""
+    return (elements + 1) // (2 * storage_bytes)
+
+
+def packed_linear_elements(model, storage_bytes: int) -> int:
+    """Every ``Linear4bit`` weight of the model at its packed element count (``packed_elements``
+    per tensor, each rounded as the kernel rounds it)."""
+    shapes = layer_linear_shapes(model).values()
+    per_layer = sum(packed_elements(fan_in * fan_out, storage_bytes) for fan_in, fan_out in shapes)
+    return per_layer * model.num_layers
+
+
+def zero3_parameter_model(model, setup, element_bytes: int):
+    """``model`` with the parameter counts DeepSpeed ZeRO-3 partitions, gathers and offloads.
+
+    lora / full: the model itself. qlora: transformers loads a quantized model outside
+    ``zero.Init`` (``modeling_utils.py`` ``PreTrainedModel.get_init_context``: ``if not
+    is_quantized``), and ``deepspeed.initialize`` converts its parameters as they are
+    (``parameter_offload.py`` ``DeepSpeedZeRoOffload._convert_to_zero_parameters`` ->
+    ``Init(module=...)``). Each ``Linear4bit`` weight is then a ``Params4bit`` of packed
+    elements (``packed_elements``, ``nn/modules.py`` ``Params4bit._quantize``), which is all
+    DeepSpeed sees of it (``partition_parameters.py`` ``_partition_param`` slices
+    ``param.contiguous().view(-1)``; ``ds_numel`` is its ``numel()``); embeddings, norms, biases
+    and the LM head keep the load dtype at their full count. The copy's ``params`` is that
+    total, and its ``head_dim`` (and, dense, ``intermediate_size``) are shrunk by the packing
+    factor, so that the per-weight lists ``pinned.weight_matrix_sizes`` and
+    ``param_layout`` derive from the shape hold packed sizes (rounded down where a dimension
+    does not divide). A MoE's experts are 3-D parameters, no ``nn.Linear``: bitsandbytes leaves
+    them in 16-bit, and so does this copy. Used for ZeRO-3's arithmetic only, never for
+    activations."""
+    import dataclasses
+
+    if setup.finetuning != "qlora":
+        return model
+    quantized, _ = quantized_elements(model)
+    if quantized > model.params:
+        return model  # a shape these formulas do not describe
+    factor = 2 * element_bytes
+    params = model.params - quantized + packed_linear_elements(model, element_bytes)
+    shrunk = {"head_dim": max(1, model.head_dim // factor)}
+    if not getattr(model, "num_experts", 0):
+        shrunk["intermediate_size"] = max(1, model.intermediate_size // factor)
+    active = params if model.active_params == model.params else model.active_params
+    return dataclasses.replace(model, params=params, active_params=active, **shrunk)
+
+
+def zero3_live_param_bytes(model, setup, element_bytes: int, buckets: dict) -> int:
+    """ZeRO-3's gathered parameters with adapters: ``states.stage3_live_params`` counted on the
+    parameters DeepSpeed really holds, the adapters with their layer's base weights
+    (``lora_A`` / ``lora_B`` are modules of the layer, gathered when it runs; offloaded, their
+    gathered copies are on the GPU beside their CPU partition).
+
+    With a 4-bit base (``zero3_parameter_model``) a gathered ``Linear4bit`` weight is its packed
+    elements in the compute dtype, a quarter of its 16-bit size in bf16 (its quantization state
+    is never partitioned, ``frozen_base_bytes``); the LM head and the embedding are no
+    ``Linear4bit`` (transformers' ``get_keys_to_not_convert``) and are gathered whole. The
+    prefetch bucket, ``stage3_max_live_parameters`` and ``stage3_max_reuse_distance`` count
+    elements, ``param.ds_numel`` (``partitioned_param_coordinator.py`` ``fetch_sub_module``:
+    ``numel_prefetching += param.ds_numel``), so a bucket of packed weights holds four times
+    the 16-bit weights. Measured on one H100 (a 0.49B Llama shape, one rank, parameters
+    offloaded): 451,874,816 bytes gathered at the end of forward, this function's figure.
+
+    With the default uint8 storage the memory model keeps every 4-bit weight whole on each GPU
+    (``frozen_base_bytes``: what zerofit check and peft's guide warn about): only the 16-bit
+    rest and the adapters are gathered, in the share of the 16-bit figure they take."""
+    import dataclasses
+
+    from zerofit.memory.states import stage3_live_params
+
+    trainable = adapter_params(model, setup.lora_rank, setup.lora_targets)
+    if setup.finetuning == "qlora" and setup.quant_storage != "compute":
+        with_adapters = dataclasses.replace(model, params=model.params + trainable)
+        live = stage3_live_params(with_adapters, setup, element_bytes, buckets)
+        quantized, _ = quantized_elements(model)
+        rest = max(0, with_adapters.params - quantized)
+        return math.ceil(live * rest / with_adapters.params)
+    held = zero3_parameter_model(model, setup, element_bytes)
+    held = dataclasses.replace(held, params=held.params + trainable)
+    return stage3_live_params(held, setup, element_bytes, buckets)
+
+
+def zero3_qlora_load_bytes(model, setup, element_bytes: int) -> dict[str, int]:
+    """What each GPU holds while transformers loads a 4-bit model for ZeRO-3, before
+    ``deepspeed.initialize`` partitions it; empty where no such moment outgrows training.
+
+    transformers builds a quantized model outside ``zero.Init`` (``modeling_utils.py``
+    ``PreTrainedModel.get_init_context``: ``if not is_quantized``; ``_load_pretrained_model``'s
+    rank-0 ZeRO-3 path is for ``not is_quantized`` only), and with no ``device_map`` (ZeRO-3
+    refuses one: ``integrations/accelerate.py`` ``check_and_set_device_map``) bitsandbytes'
+    quantizer puts the whole model on the current GPU (``quantizers/quantizer_bnb_4bit.py``
+    ``update_device_map``: ``{"": torch.cuda.current_device()}``). Every rank so holds the
+    whole base, its 4-bit weights quantized there one by one (``Params4bit._quantize``: the
+    16-bit weight copied to the GPU, ``quantize_4bit``'s packed output and absmax beside it),
+    until ``deepspeed.initialize`` converts it (``_convert_to_zero_parameters``) and frees
+    each parameter's data. ZeRO-1/2 and no DeepSpeed keep the whole base anyway
+    (``frozen_base_bytes``)."""
+    if setup.finetuning != "qlora" or setup.stage != 3 or setup.without_deepspeed:
+        return {}
+    quantized, tensors = quantized_elements(model)
+    quantized = min(quantized, model.params)
+    whole = nf4_bytes(quantized, tensors) + (model.params - quantized) * element_bytes
+    largest = max(fan_in * fan_out for fan_in, fan_out in layer_linear_shapes(model).values())
+    return {"frozen_params": whole, "quantize_temp": largest * element_bytes}
 
 
 # --- the adapters' states under each ZeRO stage ---------------------------------------------------
@@ -588,10 +687,29 @@ def dequantized_weight_bytes(model, setup, a: int) -> int:
 
 
 # --- host RAM -------------------------------------------------------------------------------------
+def adapter_tensor_sizes(model, rank: int, targets: str) -> list[int]:
+    """Elements of every adapter tensor, A then B of each targeted module, every decoder layer
+    (the outside modules once): the trainable parameters one by one, as ZeRO-3 partitions
+    them."""
+    sizes = []
+    for name, (fan_in, fan_out) in targeted_modules(model, targets).items():
+        copies = 1 if _is_outside(name) else model.num_layers
+        sizes += [rank * fan_in, rank * fan_out] * copies
+    return sizes
+
+
 def adapter_host_bytes_per_rank(model, setup, b: int) -> int:
     """Host RAM one rank holds for offload with adapters: an offloaded optimizer holds only the
     trainable partition (``memory/pinned.py`` sizes its buffers, pinned or not); offloaded ZeRO-3
-    parameters are the whole (frozen) model's shard."""
+    parameters are every parameter's partition as DeepSpeed holds it, a 4-bit base's packed
+    weights included (``zero3_parameter_model``), and the adapters' flat buffer
+    (``pinned.zero3_adapter_param_offload_host_bytes``). A 4-bit weight's quantization state
+    is no parameter: DeepSpeed never moves it, it stays on the GPU (``frozen_base_bytes``).
+
+    The packed bytes are the same whatever ``bnb_4bit_quant_storage`` is: DeepSpeed 0.19's
+    ``Init(module=...)`` partitions a uint8 ``Params4bit`` too (``_convert_to_zero_parameters``
+    has no dtype filter; probed, tests/memory/test_lora.py), so the host counts it either way,
+    while the GPU side keeps the uint8 base whole (``frozen_base_bytes``): both on the safe side."""
     from zerofit.memory import pinned
 
     trainable = adapter_params(model, setup.lora_rank, setup.lora_targets)
@@ -610,8 +728,9 @@ def adapter_host_bytes_per_rank(model, setup, b: int) -> int:
     elif setup.offload_optimizer == "nvme":
         total += 2 * shard * 4 * FP32
     if setup.offload_param == "cpu":
-        base_shard = math.ceil(model.params / setup.world_size)
-        total += pinned.zero3_param_offload_host_bytes(model, setup, b, base_shard)
+        base = zero3_parameter_model(model, setup, b)
+        adapters = adapter_tensor_sizes(model, setup.lora_rank, setup.lora_targets)
+        total += pinned.zero3_adapter_param_offload_host_bytes(base, setup, b, adapters)
     elif setup.offload_param == "nvme":
         total += 5 * 100_000_000 * b
     return total

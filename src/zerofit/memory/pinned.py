@@ -108,12 +108,48 @@ def zero3_offload_host_bytes(model, s, b: int, shard: int, sub_group_size: int) 
 
 def zero3_param_offload_host_bytes(model, s, b: int, shard: int) -> int:
     """ZeRO-3 with the parameters on the CPU, per rank: ``zero.Init`` pins each parameter's
-    partition on its own (``partition_parameters.py:_partition_param``), then the optimizer moves
-    them into one pinned flat buffer per param group (``stage3.py:
-    _create_param_groups_fp16_flat_cpu_memory``); the per-parameter blocks it frees stay in
-    PyTorch's pinned cache (see the module docstring). Without pinning the first copies are
-    ordinary memory, given back when freed."""
+    partition on its own (``partition_parameters.py:_partition_param``: ``torch.empty(
+    partition_size, dtype=param.dtype, device=remote_device)``, then ``pin_memory`` when the
+    offload block's ``pin_memory`` is on), then the optimizer moves them into one flat buffer
+    per param group (``stage3.py:_create_param_groups_fp16_flat_cpu_memory``); the
+    per-parameter blocks it frees stay in PyTorch's pinned cache (see the module docstring).
+    Without pinning the first copies are ordinary memory, given back when freed, but the flat
+    buffer is pinned all the same: ``_create_param_groups_fp16_flat_cpu_memory`` calls
+    ``get_accelerator().pin_memory(torch.empty(...))`` whatever ``pin_memory`` says."""
+    flat = pinned_bytes(shard * b)
     if not s.pin_param_offload:
-        return shard * b
+        return flat
     per_parameter = sum(pinned_bytes(part * b) for part in rank_partitions(model, s.world_size))
-    return per_parameter + pinned_bytes(shard * b)
+    return per_parameter + flat
+
+
+def zero3_adapter_param_offload_host_bytes(base, s, b: int, adapter_sizes: list[int]) -> int:
+    """ZeRO-3 with the parameters on the CPU under LoRA / QLoRA, per rank. ``zero.Init(module=
+    ...)`` partitions every parameter, frozen or not, onto the CPU, each on its own and pinned
+    with ``pin_memory`` (``zero3_param_offload_host_bytes``); the optimizer then moves only its
+    own parameters, the adapters, into a flat buffer (``stage3.py:
+    _create_param_groups_fp16_flat_cpu_memory`` walks ``trainable_param_groups``), pinned
+    whatever ``pin_memory`` says. The frozen base is in no param group: its partitions stay
+    where ``zero.Init`` put them, the only copy, and no flat buffer of it is made.
+
+    ``base`` is the base model as DeepSpeed counts its parameters (a 4-bit base's packed
+    weights: ``lora.zero3_parameter_model``), ``adapter_sizes`` the adapter tensors' elements.
+    Pinned: every parameter's block at its power of two (the adapters' freed into the cache)
+    and the flat buffer; unpinned: the base's partitions at their size and the flat buffer.
+    What the partitions themselves hold, ``ds_tensor`` by ``ds_tensor``, is
+    ``zero3_partition_bytes``."""
+    world = s.world_size
+    base_parts = rank_partitions(base, world)
+    adapter_parts = [math.ceil(numel / world) for numel in adapter_sizes]
+    flat = pinned_bytes(sum(adapter_parts) * b)
+    if not s.pin_param_offload:
+        return sum(base_parts) * b + flat
+    return sum(pinned_bytes(part * b) for part in base_parts + adapter_parts) + flat
+
+
+def zero3_partition_bytes(base, world_size: int, b: int, adapter_sizes: list[int]) -> int:
+    """The bytes of every parameter's ZeRO-3 partition on one rank (the sum of
+    ``param.ds_tensor.numel() * element_size()``): the base's partitions and the adapters'
+    (views into their flat buffer), before any pinned rounding."""
+    adapters = sum(math.ceil(numel / world_size) for numel in adapter_sizes)
+    return (sum(rank_partitions(base, world_size)) + adapters) * b
