@@ -57,6 +57,26 @@ ms there, nothing before it); ZeRO-3 adds 0.11-0.18 s to each of forward and bac
 hooked modules (0.33-0.57 ms per module pass), checkpointing a third pass; DeepSpeed's step
 costs 0.045-0.11 s at one rank where torch's clip and AdamW take 0.012-0.016 s; the same loop's
 host time differs by up to 2x from machine to machine.
+
+``--zero3-one-gpu`` runs the Qwen README's single-A100 ZeRO-3 full fine-tune
+(tests/data/step_times_public.jsonl qwen1-1.8b-full-seq256 ... -seq8192: 2.1-2.3 s per step up
+to 2048 tokens) on one GPU, and ZeRO-2 beside it: a random-init Qwen2 of Qwen-1.8B's shape
+(``QWEN1_18B``, from a transformers config, nothing downloaded), bf16, micro batch 1,
+accumulation 8, gradient checkpointing (reentrant, transformers' default under the Trainer),
+SDPA attention, Qwen's finetune/ds_config_zero{2,3}.json with the Trainer's "auto" values
+resolved (``qwen_finetune_config``) and DeepSpeed's AdamW on torch's kernels (no op to build),
+through ``deepspeed.initialize``. One optimizer step warms up (ZeRO-3 records its trace), then
+each timed step is synchronized at both ends; its host time (before the synchronize) is kept
+too. Every case is one JSON line. ``--annotate FILE`` adds zerofit's prediction where zerofit
+is importable: ``est_step_s`` and its error, and for ZeRO-3 the per-module-pass cost that the
+measured ZeRO-3 - ZeRO-2 gap implies (``gap_s_per_module_pass``) and the one that makes
+zerofit's own prediction equal the measurement (``fit_s_per_module_pass``), beside
+speed/step_time.py's ``STAGE3_FETCH_S_PER_MODULE``. ``--dry-run`` runs the same loop on CPU
+with a two-layer model (fp32, gloo), two micro steps, to show it runs end to end.
+
+    GPU:      python3 benchmarks/deepspeed_hook_costs.py --zero3-one-gpu --out zero3.jsonl
+    annotate: .venv/bin/python benchmarks/deepspeed_hook_costs.py --annotate zero3.jsonl
+    CPU:      .venv/bin/python benchmarks/deepspeed_hook_costs.py --zero3-one-gpu --dry-run
 """
 
 from __future__ import annotations
@@ -334,6 +354,249 @@ def calibration_cases(device: str) -> list[LoopCase]:
     return qwen + [LoopCase("bert-large", stage, 4, 512) for stage in (None, 2)]
 
 
+# Qwen/Qwen-1_8B's config.json as a transformers Qwen2 config: Qwen-1's MLP is
+# ``config.intermediate_size // 2`` wide (11008 // 2), its q/k/v one fused linear with a bias
+# (here three with biases: the same weights and FLOPs, one more module per layer)
+QWEN1_18B = dict(
+    hidden_size=2048,
+    intermediate_size=5504,
+    num_hidden_layers=24,
+    num_attention_heads=16,
+    num_key_value_heads=16,
+    vocab_size=151936,
+    max_position_embeddings=8192,
+    tie_word_embeddings=False,
+)
+ONE_GPU_TINY = dict(
+    hidden_size=64,
+    intermediate_size=176,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=1000,
+    max_position_embeddings=2048,
+    tie_word_embeddings=False,
+)
+ONE_GPU_STAGES = (2, 3)  # ZeRO-2 first: a ZeRO-3 engine's hooks must not outlive its case
+ONE_GPU_SEQS = (256, 2048)
+ONE_GPU_ACCUM = 8
+
+
+def qwen_finetune_config(stage: int, hidden_size: int, grad_accum: int, bf16: bool) -> dict:
+    """Qwen's finetune/ds_config_zero2.json / ds_config_zero3.json with what transformers'
+    Trainer sets for their "auto" values (integrations/deepspeed.py
+    ``HfTrainerDeepSpeedConfig.trainer_config_finalize``: reduce bucket hidden^2, stage-3
+    prefetch bucket 0.9 hidden^2, persistence threshold 10 hidden; clipping 1.0, micro batch 1),
+    and DeepSpeed's AdamW on torch's kernels (``torch_adam``: nothing to compile)."""
+    if stage == 2:
+        zero = {
+            "stage": 2,
+            "allgather_partitions": True,
+            "allgather_bucket_size": 200_000_000,
+            "overlap_comm": True,
+            "reduce_scatter": True,
+            "reduce_bucket_size": 200_000_000,
+            "contiguous_gradients": True,
+        }
+    else:
+        zero = {
+            "stage": 3,
+            "overlap_comm": True,
+            "contiguous_gradients": True,
+            "sub_group_size": 1_000_000_000,
+            "reduce_bucket_size": hidden_size * hidden_size,
+            "stage3_prefetch_bucket_size": int(0.9 * hidden_size * hidden_size),
+            "stage3_param_persistence_threshold": 10 * hidden_size,
+            "stage3_max_live_parameters": 1_000_000_000,
+            "stage3_max_reuse_distance": 1_000_000_000,
+        }
+    config = {
+        "train_micro_batch_size_per_gpu": 1,
+        "gradient_accumulation_steps": grad_accum,
+        "gradient_clipping": 1.0,
+        "steps_per_print": 10**9,
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-5, "torch_adam": True}},
+        "zero_optimization": zero,
+    }
+    if bf16:
+        config["bf16"] = {"enabled": True}
+    return config
+
+
+def one_gpu_cases(dry_run: bool) -> list[dict]:
+    """The cases of ``--zero3-one-gpu``: ZeRO-2 and ZeRO-3 at each sequence length."""
+    seqs = (16, 32) if dry_run else ONE_GPU_SEQS
+    accum = 2 if dry_run else ONE_GPU_ACCUM
+    return [
+        {"stage": stage, "seq_len": seq, "micro_batch": 1, "grad_accum": accum}
+        for stage in ONE_GPU_STAGES
+        for seq in seqs
+    ]
+
+
+def time_one_gpu_case(case: dict, shape: dict, device: str, steps: int) -> dict:
+    """``case`` timed on ``device``: the seconds of each optimizer step after one warm-up step
+    (``step_s``), its host seconds before the closing synchronize (``host_s``), the peak."""
+    import deepspeed
+    import torch
+    import transformers
+
+    cuda = device == "cuda"
+    config = transformers.Qwen2Config(**shape, attn_implementation="sdpa", use_cache=False)
+    with torch.device(device):
+        model = transformers.Qwen2ForCausalLM(config).to(torch.bfloat16 if cuda else torch.float32)
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": True})
+    model.train()
+    ds_config = qwen_finetune_config(case["stage"], shape["hidden_size"], case["grad_accum"], cuda)
+    engine, _, _, _ = deepspeed.initialize(
+        model=model, model_parameters=model.parameters(), config=ds_config
+    )
+    ids = torch.randint(0, shape["vocab_size"], (case["micro_batch"], case["seq_len"]))
+    ids = ids.to(device)
+    synchronize = torch.cuda.synchronize if cuda else (lambda: None)
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    step_s, host_s = [], []
+    for _ in range(steps + 1):  # the first warms up
+        synchronize()
+        start = time.perf_counter()
+        for _ in range(case["grad_accum"]):
+            engine.backward(engine(input_ids=ids, labels=ids).loss)
+            engine.step()  # steps the optimizer only at the accumulation boundary
+        host_s.append(time.perf_counter() - start)
+        synchronize()
+        step_s.append(time.perf_counter() - start)
+    peak = torch.cuda.max_memory_allocated() / 2**30 if cuda else None
+    engine.destroy()
+    return {"step_s": step_s[1:], "host_s": host_s[1:], "peak_alloc_gib": peak}
+
+
+def run_zero3_one_gpu(dry_run: bool, steps: int, out: Path | None) -> int:
+    """Every ``one_gpu_cases`` case, one JSON line each (also appended to ``out``)."""
+    import gc
+
+    import deepspeed
+    import torch
+    import transformers
+
+    device = "cpu" if dry_run else "cuda"
+    if device == "cuda" and not torch.cuda.is_available():
+        sys.exit("--zero3-one-gpu: no CUDA GPU visible (fix: add --dry-run for the CPU check)")
+    shape = ONE_GPU_TINY if dry_run else QWEN1_18B
+    init_single_rank("gloo" if dry_run else "nccl")
+    versions = {
+        "torch": torch.__version__,
+        "deepspeed": deepspeed.__version__,
+        "transformers": transformers.__version__,
+    }
+    gpu = torch.cuda.get_device_name() if device == "cuda" else "cpu"
+    for case in one_gpu_cases(dry_run):
+        row = {**case, "device": device, "gpu": gpu, "shape": shape, "dry_run": dry_run}
+        row["checkpointing"], row["attention"] = "reentrant", "sdpa"
+        try:
+            row.update(time_one_gpu_case(case, shape, device, 1 if dry_run else steps))
+            row["step_s_median"] = statistics.median(row["step_s"])
+        except Exception as error:  # one failing case must not lose the others' numbers
+            row["error"] = f"{type(error).__name__}: {error}"[:300]
+        row.update(versions)
+        gc.collect()
+        if device == "cuda":
+            torch.cuda.empty_cache()
+        line = json.dumps(row)
+        print(line, flush=True)
+        if out is not None:
+            with out.open("a") as handle:
+                handle.write(line + "\n")
+    return 0
+
+
+def one_gpu_setup(row: dict):
+    """zerofit's ``TrainSetup`` of a ``--zero3-one-gpu`` row."""
+    from zerofit.memory.estimate import TrainSetup
+
+    return TrainSetup(
+        stage=row["stage"],
+        world_size=1,
+        gpus_per_node=1,
+        precision="bf16",
+        gradient_checkpointing=True,
+        micro_batch=row["micro_batch"],
+        seq_len=row["seq_len"],
+        grad_accum=row["grad_accum"],
+        attention=row.get("attention", "sdpa"),
+    )
+
+
+def one_gpu_prediction(row: dict, fetch_s_per_module: float | None = None) -> float:
+    """zerofit's seconds per optimizer step of ``row`` on its GPU (an H100 SXM for a CPU dry
+    run), at ``fetch_s_per_module`` per ZeRO-3 module pass where given."""
+    from zerofit.hardware import lookup, match_gpu_name
+    from zerofit.models.resolve import spec_from_config
+    from zerofit.speed.step_time import estimate_step_time, gpu_profile
+
+    model = spec_from_config({"model_type": "qwen2", **row["shape"]}, "qwen1-1.8b-as-qwen2")
+    gpu = lookup(match_gpu_name(row["gpu"]) if row["device"] == "cuda" else "H100-SXM")
+    device = gpu_profile(gpu)
+    if fetch_s_per_module is not None:
+        device = dataclasses.replace(device, stage3_fetch_s_per_module=fetch_s_per_module)
+    return estimate_step_time(one_gpu_setup(row), model, device).total_s
+
+
+def fitted_fetch_cost(row: dict) -> float | None:
+    """The per-module-pass cost at which zerofit's prediction equals the measured step
+    (bisection; the prediction grows with it); None outside 0-5 ms."""
+    low, high = 0.0, 0.005
+    measured = row["step_s_median"]
+    if not one_gpu_prediction(row, low) <= measured <= one_gpu_prediction(row, high):
+        return None
+    for _ in range(40):
+        middle = (low + high) / 2
+        if one_gpu_prediction(row, middle) < measured:
+            low = middle
+        else:
+            high = middle
+    return (low + high) / 2
+
+
+def annotate_one_gpu(row: dict, rows: list[dict]) -> dict:
+    """``row`` with zerofit's prediction beside it; ZeRO-3 rows with the per-module-pass costs
+    the measurement implies: from the gap to the ZeRO-2 row of the same sequence length over
+    the micro steps' passes (three with checkpointing) and hooked modules, and fitted."""
+    from zerofit.models.resolve import spec_from_config
+    from zerofit.speed.step_time import STAGE3_FETCH_S_PER_MODULE, zero3_hooked_modules
+
+    predicted = one_gpu_prediction(row)
+    measured = row["step_s_median"]
+    out = {**row, "est_step_s": round(predicted, 4)}
+    out["err_step_s_pct"] = round(100 * (predicted - measured) / measured, 1)
+    if row["stage"] != 3:
+        return out
+    model = spec_from_config({"model_type": "qwen2", **row["shape"]}, "qwen1-1.8b-as-qwen2")
+    passes = 3 * row["grad_accum"] * zero3_hooked_modules(model)
+    out["model_s_per_module_pass"] = STAGE3_FETCH_S_PER_MODULE
+    zero2 = [
+        other
+        for other in rows
+        if other["stage"] == 2 and other["seq_len"] == row["seq_len"] and "error" not in other
+    ]
+    if zero2:
+        out["gap_s_per_module_pass"] = (measured - zero2[0]["step_s_median"]) / passes
+    out["fit_s_per_module_pass"] = fitted_fetch_cost(row)
+    return out
+
+
+def annotate(path: Path) -> int:
+    """Rewrite a ``--zero3-one-gpu`` results file with zerofit's predictions beside each row."""
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    added = ("est_", "err_", "model_", "gap_", "fit_")
+    measured = [{k: v for k, v in row.items() if not k.startswith(added)} for row in rows]
+    fresh = [row if "error" in row else annotate_one_gpu(row, measured) for row in measured]
+    path.write_text("".join(json.dumps(row) + "\n" for row in fresh))
+    for row in fresh:
+        print(json.dumps(row))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="three shapes, ZeRO-0 and 3 only")
@@ -341,7 +604,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--calibration-loop", action="store_true", help="time the calibration loop's phases"
     )
+    parser.add_argument(
+        "--zero3-one-gpu",
+        action="store_true",
+        help="time the Qwen README's one-GPU ZeRO-3 full fine-tune, ZeRO-2 beside it",
+    )
+    parser.add_argument("--steps", type=int, default=3, help="--zero3-one-gpu's timed steps")
+    parser.add_argument("--dry-run", action="store_true", help="--zero3-one-gpu on CPU, tiny")
+    parser.add_argument("--out", type=Path, help="--zero3-one-gpu: append the JSON lines here")
+    parser.add_argument("--annotate", type=Path, help="add zerofit's predictions to a results file")
     args = parser.parse_args(argv)
+    if args.annotate:
+        return annotate(args.annotate)
+    if args.zero3_one_gpu:
+        return run_zero3_one_gpu(args.dry_run, args.steps, args.out)
     if args.calibration_loop:
         return run_calibration_loop(args.repeats)
     stages = (0, 3) if args.quick else (0, 1, 2, 3)

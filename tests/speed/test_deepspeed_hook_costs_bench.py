@@ -59,3 +59,26 @@ def test_calibration_loop_times_each_phase_and_zero1_steps_only_at_the_boundary(
     accumulated = results[1]
     assert accumulated["case"]["grad_accum"] == 4
     assert accumulated["step_first"] < accumulated["step_boundary"]
+
+
+def test_zero3_one_gpu_dry_run_times_both_stages_and_annotate_adds_predictions(tmp_path):
+    """``--zero3-one-gpu --dry-run``: the one-GPU ZeRO-2 / ZeRO-3 loop (Qwen's DeepSpeed JSON,
+    accumulation, reentrant checkpointing) on a tiny Qwen2 on CPU, one JSON line per case;
+    ``--annotate`` then adds zerofit's prediction and, for ZeRO-3, the per-module-pass costs
+    the measurement implies beside the model's constant."""
+    out = tmp_path / "zero3.jsonl"
+    run_hook_costs("--zero3-one-gpu", "--dry-run", "--out", str(out), timeout=280)
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(row["stage"], row["seq_len"]) for row in rows] == [(2, 16), (2, 32), (3, 16), (3, 32)]
+    for row in rows:
+        assert "error" not in row, row.get("error")
+        assert row["step_s"][0] >= row["host_s"][0] > 0
+    run_hook_costs("--annotate", str(out), timeout=120)
+    annotated = [json.loads(line) for line in out.read_text().splitlines()]
+    from zerofit.speed.step_time import STAGE3_FETCH_S_PER_MODULE
+
+    for row in annotated:
+        assert row["est_step_s"] > 0 and "err_step_s_pct" in row
+        if row["stage"] == 3:
+            assert row["model_s_per_module_pass"] == STAGE3_FETCH_S_PER_MODULE
+            assert "gap_s_per_module_pass" in row and "fit_s_per_module_pass" in row
