@@ -206,6 +206,10 @@ def frozen_base_bytes(model, setup, element_bytes: int) -> int:
     bfloat16: Params4bit is then a floating tensor that DeepSpeed shards; with the default uint8
     storage it is left whole on every rank, see peft's ``docs/source/accelerate/deepspeed.md``,
     "ZeRO-3 and QLoRA"). Offloaded parameters (``offload_param``) leave nothing on the GPU.
+    DeepSpeed 0.19's ``Init(module=...)`` does give a uint8 ``Params4bit`` a partition of its
+    own (``_convert_to_zero_parameters`` filters no dtype; probed on one rank,
+    tests/memory/test_lora.py); whether ranks then gather it right is what the uint8 rule of
+    ``zerofit check`` warns about, so the GPU side keeps it whole, the safe side.
 
     ZeRO-3 partitions a parameter's ``data`` only (``partition_parameters.py``:
     ``_partition_param`` copies a slice of it to ``param.ds_tensor``, ``free_param`` empties
