@@ -128,7 +128,7 @@ OPTIMIZER_STEP_OVERHEAD_S = 0.1
 # (qwen1-1.8b-full-seq256 ... -seq8192: 2.1-2.3 s for 8 micro steps up to 2048 tokens, 5.6 s at
 # 8192) fit ``max(host, GPU)`` per micro step with ~0.1 ms per module pass, and so do its 4-GPU
 # Qwen-72B LoRA rows (qwen1-72b-lora-z3-seq256 ... -seq8192) once PEFT's own modules are counted
-# (``PEFT_CALLED_MODULES_PER_ADAPTED_LINEAR``: 2,646 hooked modules, not 1,046): hosts and
+# (``PEFT_CALLED_MODULES_PER_ADAPTED_LINEAR``: 3,287 hooked modules, not 1,046): hosts and
 # DeepSpeed versions differ by 3x or more (this repository's 2-core CPU host runs ZeRO-3's hooks
 # at ~0.08 ms per module pass with DeepSpeed 0.19 on one gloo rank). Both constants are fitted
 # jointly by least squares of the relative error over the 57 predicted public rows and the nine
@@ -785,7 +785,7 @@ def exposed_hook_seconds(
     between two fetches takes the longer of its host and its GPU time; a decoder's layers are
     alike, so the stretches are too and add up to the longer of the two totals: only
     ``hooks - gpu`` shows (qwen1-1.8b-full-seq256 ... -seq8192 follow it from 2.1 to 5.6 s per
-    step; ``hooks + gpu`` would put seq8192 29 % high). Across ranks
+    step; ``hooks + gpu`` would put seq8192 30 % high). Across ranks
     the coordinator lets the host run at most two fetches ahead of the gathers
     (partitioned_param_coordinator.py ``fetch_sub_module``: ``__max_ongoing_fetch_events = 2``,
     ``Event.synchronize``), and the gradient hooks wait on the buckets' reductions, so host
