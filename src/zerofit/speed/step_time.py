@@ -137,7 +137,7 @@ OPTIMIZER_STEP_OVERHEAD_S = 0.1
 # H100 calibration's ZeRO-3 runs 33-40 % low (z3-none-seq2048-mbs4, -gc): their hosts' 0.33-0.57
 # ms per module pass is 3x the A100 rows'. Keeping those within 25 % takes 0.26 ms per module
 # pass (the earlier fit, rms 19.5 % with the PEFT modules counted), which puts the 1.8B rows at
-# +44..+61 % and the 72B LoRA row at seq256 +53 %. benchmarks/deepspeed_hook_costs.py
+# +47..+61 % and the 72B LoRA row at seq256 +53 %. benchmarks/deepspeed_hook_costs.py
 # ``--zero3-one-gpu`` times the Qwen-1.8B rows' own setup on one lent GPU, to tell which host the
 # constant should follow.
 # ``RECOMPUTE_HOST_S_PER_LAYER`` stays at the earlier joint fit's 2 ms (the same H100 runs:
