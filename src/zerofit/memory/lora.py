@@ -301,7 +301,8 @@ def zero3_live_param_bytes(model, setup, element_bytes: int, buckets: dict) -> i
     elements, ``param.ds_numel`` (``partitioned_param_coordinator.py`` ``fetch_sub_module``:
     ``numel_prefetching += param.ds_numel``), so a bucket of packed weights holds four times
     the 16-bit weights. Measured on one H100 (a 0.49B Llama shape, one rank, parameters
-    offloaded): 451,874,816 bytes gathered at the end of forward, this function's figure.
+    offloaded, benchmarks/gpu_qlora_offload.py): 451,874,816 bytes gathered at the end of forward,
+    this function's figure.
 
     With the default uint8 storage the memory model keeps every 4-bit weight whole on each GPU
     (``frozen_base_bytes``: what zerofit check and peft's guide warn about): only the 16-bit
