@@ -56,7 +56,14 @@ WARMUP_STEPS = 1  # the first step allocates the optimizer states
 LINK_RATES = ("500mbit", "2gbit")  # tbf rates; "none": the veth unshaped
 RUN_LIMIT_S = 1500.0  # a whole grid at the slow link, generous for a busy machine
 IFACE = "zfeth0"  # real_cluster.IFACE: the same interface name in both namespaces
+# the collectives' buffer in the device measurement (at most half the model's gradients): past
+# glibc's 32 MiB mmap threshold, as the 50M model's 200 MB bucket is, so that DeepSpeed's fresh
+# bucket buffers cost their page faults in the measurement as in the run
+LINK_MEGABYTES = 40.0
 ORDER_GAP = 0.10  # measured times further apart than this must be predicted in that order
+# one optimizer step's seconds in the rank, summed over its micro steps: the engine's forward,
+# ``engine.backward`` (ZeRO-1/2's reduction at the boundary included) and ``engine.step``
+PHASES = ("forward", "backward", "step")
 
 
 def llama_config(shape: dict):
@@ -110,16 +117,31 @@ def time_config(name: str, shape: dict, steps: int) -> dict:
     generator = torch.Generator().manual_seed(1000 + dist.get_rank())
     ids = torch.randint(0, shape["vocab"], (MICRO_BATCH, SEQ_LEN), generator=generator)
     times = []
+    phases: dict[str, list[float]] = {phase: [] for phase in PHASES}
     for _ in range(WARMUP_STEPS + steps):
         dist.barrier()
         start = time.perf_counter()
+        step_phases = dict.fromkeys(PHASES, 0.0)
         for _ in range(GRAD_ACCUM):
+            began = time.perf_counter()
             loss = engine(input_ids=ids, labels=ids).loss
+            forward_end = time.perf_counter()
             engine.backward(loss)
+            backward_end = time.perf_counter()
             engine.step()
+            step_phases["forward"] += forward_end - began
+            step_phases["backward"] += backward_end - forward_end
+            step_phases["step"] += time.perf_counter() - backward_end
         times.append(time.perf_counter() - start)
+        for phase, seconds in step_phases.items():
+            phases[phase].append(seconds)
     engine.destroy()
-    return {"config": name, "step_s": statistics.median(times[WARMUP_STEPS:]), "times": times}
+    return {
+        "config": name,
+        "step_s": statistics.median(times[WARMUP_STEPS:]),
+        "times": times,
+        "phases": {phase: statistics.median(s[WARMUP_STEPS:]) for phase, s in phases.items()},
+    }
 
 
 def worker(args: argparse.Namespace) -> int:
@@ -149,12 +171,11 @@ def worker(args: argparse.Namespace) -> int:
         # short slice measures once: the link, which decides it, does not drift)
         if measured is None or not args.measure_once:
             measured = measure_cpu_device(
-                hidden=shape["hidden"],
-                intermediate=shape["intermediate"],
-                vocab=shape["vocab"],
-                tokens=MICRO_BATCH * SEQ_LEN,
+                model_config=llama_config(shape).to_dict(),
+                micro_batch=MICRO_BATCH,
+                seq_len=SEQ_LEN,
                 partition_params=params // dist.get_world_size(),
-                link_megabytes=min(8.0, params * 4 / 2**20 / 2),
+                link_megabytes=min(LINK_MEGABYTES, params * 4 / 2**20 / 2),
             )
             progress(f"device measured before {name}")
         result = time_config(name, shape, args.steps)
@@ -188,6 +209,7 @@ class Measured:
     device: dict[str, dict]  # configuration -> CpuMeasurements' fields, taken right before it
     step_s: dict[str, float]  # configuration -> median seconds per optimizer step
     times: dict[str, list[float]]  # every step, warm-up first
+    phases: dict[str, dict[str, float]]  # configuration -> PHASES' median seconds per step
 
     def link_gbits(self) -> float:
         """The link's mean measured bandwidth over the configurations."""
@@ -275,12 +297,30 @@ def measure(
         {r["config"]: r["device"] for r in results},
         {r["config"]: r["step_s"] for r in results},
         {r["config"]: r["times"] for r in results},
+        {r["config"]: r["phases"] for r in results},
+    )
+
+
+def train_setup(name: str):
+    """zerofit's TrainSetup of configuration ``name`` as the ranks run it."""
+    from zerofit.memory.estimate import TrainSetup
+
+    stage, offload = CONFIGS[name]
+    return TrainSetup(
+        stage=stage,
+        world_size=2,
+        gpus_per_node=1,
+        offload_optimizer="cpu" if offload else "none",
+        precision="fp32",
+        micro_batch=MICRO_BATCH,
+        seq_len=SEQ_LEN,
+        grad_accum=GRAD_ACCUM,
+        stack="deepspeed",
     )
 
 
 def predict(measured: Measured, shape: str) -> dict[str, float]:
     """The speed model's seconds per step of each configuration on the measured CPU device."""
-    from zerofit.memory.estimate import TrainSetup
     from zerofit.speed.device import CpuMeasurements, cpu_profile
     from zerofit.speed.step_time import estimate_step_time
 
@@ -288,24 +328,79 @@ def predict(measured: Measured, shape: str) -> dict[str, float]:
     predicted = {}
     for name in measured.step_s:
         measurements = CpuMeasurements(**measured.device[name])
-        device = cpu_profile(measurements)
-        stage, offload = CONFIGS[name]
-        setup = TrainSetup(
-            stage=stage,
-            world_size=2,
-            gpus_per_node=1,
-            offload_optimizer="cpu" if offload else "none",
-            precision="fp32",
-            micro_batch=MICRO_BATCH,
-            seq_len=SEQ_LEN,
-            grad_accum=GRAD_ACCUM,
-            stack="deepspeed",
-        )
         step = estimate_step_time(
-            setup, model, device, inter_node_gbps=measurements.link_gbits
+            train_setup(name),
+            model,
+            cpu_profile(measurements),
+            inter_node_gbps=measurements.link_gbits,
         )
         predicted[name] = step.total_s
     return predicted
+
+
+def predict_phases(measured: Measured, shape: str) -> dict[str, dict[str, float]]:
+    """The speed model's terms of each configuration regrouped by the phase that pays them
+    (``PHASES``): forward: the forward's compute and ZeRO-3's gathers; backward: the backward's
+    compute, the collectives issued in it and the gradients' copies to the "host"; step: the
+    optimizer, the step's all-gather and the updated partition's copy back. On the CPU profile
+    nothing overlaps (``overlaps_comm`` False), so each term is paid where it is issued."""
+    from zerofit.speed.device import CpuMeasurements, cpu_profile
+    from zerofit.speed.step_time import (
+        Links,
+        communication_seconds,
+        estimate_step_time,
+        gpu_optimizer_seconds,
+        matmul_seconds,
+        micro_step_flops,
+        offload_seconds,
+        wire_element_bytes,
+    )
+
+    model = model_spec(SHAPES[shape])
+    phases = {}
+    for name in measured.step_s:
+        measurements = CpuMeasurements(**measured.device[name])
+        device = cpu_profile(measurements)
+        setup = train_setup(name)
+        flops, reference = micro_step_flops(setup, model, model.params, None)
+        forward_s, backward_s, _ = matmul_seconds(setup, model, device, flops, reference, None)
+        links = Links(
+            device.link_gbps,
+            measurements.link_gbits / 8,
+            efficiency=device.link_efficiency,
+            element_bytes=wire_element_bytes(setup, device),
+            reduce_scatter_cost=device.reduce_scatter_cost,
+            all_gather_cost=device.all_gather_cost,
+        )
+        comm = communication_seconds(setup, model, links, model.params)
+        transfer_s, cpu_adam_s = offload_seconds(setup, model, model.params, device)
+        copy_back_s = transfer_s / (setup.grad_accum + 1)  # one partition of grad_accum + 1
+        total = estimate_step_time(
+            setup, model, device, inter_node_gbps=measurements.link_gbits
+        )
+        optimizer_s = cpu_adam_s + gpu_optimizer_seconds(setup, device, model.params)
+        phases[name] = {
+            "forward": forward_s + comm.during_forward,
+            "backward": backward_s + comm.during_backward + transfer_s - copy_back_s,
+            "step": optimizer_s + comm.after_step + copy_back_s,
+            "other": total.overhead_s,
+        }
+    return phases
+
+
+def render_phases(runs: list[tuple[Measured, dict[str, dict[str, float]]]]) -> str:
+    """Measured against predicted seconds per optimizer step, phase by phase."""
+    header = f"{'link':9s} {'config':15s}"
+    for phase in PHASES:
+        header += f" {phase + ' meas/pred':>20s}"
+    lines = [header]
+    for measured, predicted in runs:
+        for name, phases in measured.phases.items():
+            line = f"{measured.link:9s} {name:15s}"
+            for phase in PHASES:
+                line += f" {phases[phase]:9.2f}/{predicted[name][phase]:<10.2f}"
+            lines.append(line)
+    return "\n".join(lines)
 
 
 def order_misses(predicted: dict[str, float], measured: dict[str, float]) -> list[str]:
@@ -368,6 +463,7 @@ def main(argv: list[str] | None = None) -> int:
         measured = measure(link, args.shape, configs, args.steps, measure_once=args.measure_once)
         runs.append((measured, predict(measured, args.shape)))
         print(render_table(runs[-1:]), flush=True)
+        print(render_phases([(measured, predict_phases(measured, args.shape))]), flush=True)
     print()
     print(render_table(runs))
     errors = [
@@ -381,7 +477,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         dump = [
             {"link": m.link, "device": m.device, "measured": m.step_s, "times": m.times,
-             "predicted": p}
+             "phases": m.phases, "predicted": p,
+             "predicted_phases": predict_phases(m, args.shape)}
             for m, p in runs
         ]
         Path(args.json).write_text(json.dumps(dump, indent=1))

@@ -1,7 +1,7 @@
 """The device profiles the speed model reads: a catalog GPU's reproduces the GPU model exactly, a
 measured CPU's carries each measurement into the terms it sets.
 
-Run: .venv/bin/python -m pytest tests/speed/test_device.py -q   (~2 s)
+Run: .venv/bin/python -m pytest tests/speed/test_device.py -q   (~4 s)
 """
 
 from __future__ import annotations
@@ -18,10 +18,13 @@ from zerofit.speed.device import (
     cpu_profile,
     measure_matmul_tflops,
     measure_memory_gbps,
+    measure_torch_adam_params_per_s,
+    measure_training_tflops,
 )
 from zerofit.speed.step_time import (
     CPU_ADAM_BYTES_PER_PARAM,
     estimate_step_time,
+    gpu_optimizer_seconds,
     gpu_profile,
     ring_seconds,
 )
@@ -90,3 +93,61 @@ def test_an_fp32_zero1_step_on_the_cpu_profile_by_hand() -> None:
 def test_this_machine_measures_positive_rates() -> None:
     assert 0 < measure_matmul_tflops(64, 256, 512, tokens=64) < 100
     assert 0 < measure_memory_gbps(elements=2**20) < 10_000
+
+
+def test_the_cpu_profile_carries_the_whole_step_measurements() -> None:
+    """The model's own forward+backward rate replaces the matmul rate; torch AdamW's rate sets
+    the on-device optimizer step; DeepSpeed's bucketed all-reduce sets the link's efficiency
+    while the gathers and the reduce-scatter keep their measured seconds."""
+    measured = dataclasses.replace(
+        MEASURED, training_tflops=0.08, torch_adam_params_per_s=2e8, bucket_all_reduce_gbits=0.08
+    )
+    device = cpu_profile(measured)
+    assert device.peak_tflops == 0.08
+    assert device.optimizer_params_per_s == 2e8
+    assert device.link_efficiency == pytest.approx(0.8)
+    setup = TrainSetup(stage=1, world_size=2, gpus_per_node=1, precision="fp32", seq_len=128)
+    step = estimate_step_time(setup, MODEL, device, inter_node_gbps=0.1)
+    link_gbps = 0.1 / 8
+    bucket_all_reduce = 2 * ring_seconds(MODEL.params * 4, 2, link_gbps * 0.8)
+    all_gather = 1.5 * ring_seconds(MODEL.params * 4, 2, link_gbps)  # as measured, raw
+    assert step.exposed_comm_s == pytest.approx(bucket_all_reduce + all_gather)
+    assert step.gpu_optimizer_s == pytest.approx(MODEL.params / 2 / 2e8)
+    zero3 = estimate_step_time(
+        dataclasses.replace(setup, stage=3), MODEL, device, inter_node_gbps=0.1
+    )
+    unscaled = estimate_step_time(
+        dataclasses.replace(setup, stage=3),
+        MODEL,
+        cpu_profile(dataclasses.replace(measured, bucket_all_reduce_gbits=0.0)),
+        inter_node_gbps=0.1,
+    )
+    assert zero3.exposed_comm_s == pytest.approx(unscaled.exposed_comm_s)
+
+
+def test_a_measured_optimizer_rate_sets_the_device_step_and_a_gpu_keeps_its_bandwidth() -> None:
+    setup = TrainSetup(stage=2, world_size=4, gpus_per_node=4)
+    h100 = gpu_profile(lookup("H100-SXM"))
+    assert h100.optimizer_params_per_s is None
+    partition = MODEL.params / 4
+    assert gpu_optimizer_seconds(setup, h100, MODEL.params) == pytest.approx(
+        partition * 30 / (h100.memory_gbps * 1e9)
+    )
+    measured = dataclasses.replace(h100, optimizer_params_per_s=1e8)
+    assert gpu_optimizer_seconds(setup, measured, MODEL.params) == pytest.approx(partition / 1e8)
+
+
+def test_this_machine_measures_a_whole_model_rate_and_torch_adam() -> None:
+    config = {
+        "model_type": "llama",
+        "hidden_size": 64,
+        "intermediate_size": 256,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 4,
+        "vocab_size": 512,
+        "max_position_embeddings": 64,
+        "tie_word_embeddings": False,
+    }
+    assert 0 < measure_training_tflops(config, micro_batch=2, seq_len=32) < 100
+    assert 0 < measure_torch_adam_params_per_s(2**16) < 1e12

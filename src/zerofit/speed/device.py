@@ -82,7 +82,8 @@ class CpuMeasurements:
     memory_gbps: float  # a large elementwise add: two streams read, one written
     cpu_adam_params_per_s: float  # DeepSpeedCPUAdam.step over a partition-sized tensor
     link_gbits: float  # between the nodes, from a timed gloo all-reduce
-    reduce_scatter_cost: float = 1.0  # a timed reduce-scatter over a ring's at ``link_gbits``
+    # ZeRO-3's bucketed reduce-scatter, its copies included, over a ring's at ``link_gbits``
+    reduce_scatter_cost: float = 1.0
     all_gather_cost: float = 1.0  # a timed all-gather over a ring's at ``link_gbits``
     intra_node_gbits: float = 0.0  # between ranks of one node (0: one rank per node)
     # the model's own forward and backward at the run's micro batch, its FLOPs as speed/flops.py
@@ -260,7 +261,7 @@ class LinkMeasurements:
     """The link between the ranks, by a timed collective of each kind DeepSpeed issues."""
 
     gbits: float  # per rank, from the all-reduce: a ring all-reduce sends 2 (n-1)/n of the buffer
-    reduce_scatter_cost: float  # reduce-scatter seconds over a ring's (n-1)/n at ``gbits``
+    reduce_scatter_cost: float  # ZeRO-3's bucketed reduce-scatter over a ring's at ``gbits``
     all_gather_cost: float  # all-gather seconds over a ring's (n-1)/n at ``gbits``
     bucket_gbits: float = 0.0  # ZeRO-1/2's bucketed all-reduce, on the count of ``gbits``
 
@@ -295,12 +296,40 @@ def bucket_all_reduce(grads: list, bucket, partition, group=None) -> None:
     partition.copy_(filled.narrow(0, start, share))
 
 
+def bucket_reduce_scatter(grads: list, bucket, partition, group=None) -> None:
+    """ZeRO-3's reduction of one gradient bucket as DeepSpeed 0.19 issues it (runtime/zero/
+    stage3.py): each gradient copied into the contiguous bucket (``__add_grad_to_ipg_bucket``),
+    each gradient's rank slices interleaved into a new tensor, divided by the ranks and
+    reduce-scattered (``__avg_scatter_grads`` -> runtime/comm/coalesced_collectives.py
+    ``reduce_scatter_coalesced``: ``torch.cat``, ``div_``), and this rank's slices copied into
+    its gradient partition (``partition_grads``)."""
+    import torch
+    import torch.distributed as dist
+
+    ranks = dist.get_world_size(group)
+    rank = dist.get_rank(group)
+    views = []
+    offset = 0
+    for grad in grads:
+        view = bucket.narrow(0, offset, grad.numel())
+        view.copy_(grad.view(-1))
+        views.append(view)
+        offset += grad.numel()
+    slices = [view.chunk(ranks)[index] for index in range(ranks) for view in views]
+    flat = torch.cat(slices)
+    flat.div_(ranks)
+    dist.reduce_scatter_tensor(flat.chunk(ranks)[rank], flat, group=group)
+    partition.copy_(flat.chunk(ranks)[rank])
+
+
 def measure_link(megabytes: float = 8.0, group=None, repeats: int = 3) -> LinkMeasurements:
-    """Time an all-reduce, a reduce-scatter and an all-gather of ``megabytes`` (the whole
-    buffer) over ``group`` (None: every rank), and ZeRO-1/2's bucketed all-reduce of as many
-    gradient bytes (``bucket_all_reduce``); large enough that bandwidth, not latency, sets
-    the time. The reduce-scatter and all-gather are the calls DeepSpeed makes on gloo
-    (deepspeed/comm/comm.py ``reduce_scatter_fn`` and ``allgather_fn``: the ``*_tensor`` forms)."""
+    """Time an all-reduce and an all-gather of ``megabytes`` (the whole buffer) over ``group``
+    (None: every rank), and the gradient reductions of as many bytes as DeepSpeed issues them,
+    with their copies: ZeRO-1/2's bucketed all-reduce (``bucket_all_reduce``) and ZeRO-3's
+    bucketed reduce-scatter (``bucket_reduce_scatter``); large enough that bandwidth, not
+    latency, sets the time. The reduce-scatter and all-gather are the calls DeepSpeed makes on
+    gloo (deepspeed/comm/comm.py ``reduce_scatter_fn`` and ``allgather_fn``: the ``*_tensor``
+    forms); ZeRO-1/2's step gathers into the parameters' existing flat buffer, copying nothing."""
     import torch
     import torch.distributed as dist
 
@@ -308,15 +337,15 @@ def measure_link(megabytes: float = 8.0, group=None, repeats: int = 3) -> LinkMe
     whole = torch.ones(int(megabytes * 2**20 / 4 / ranks) * ranks)
     shard = torch.empty(whole.numel() // ranks)
     all_reduce_s = median_seconds(lambda: dist.all_reduce(whole, group=group), repeats)
-    reduce_scatter_s = median_seconds(
-        lambda: dist.reduce_scatter_tensor(shard, whole, group=group), repeats
-    )
     all_gather_s = median_seconds(
         lambda: dist.all_gather_into_tensor(whole, shard, group=group), repeats
     )
     grads = list(torch.ones(whole.numel()).chunk(8))
     bucket = torch.empty(whole.numel())
     bucket_s = median_seconds(lambda: bucket_all_reduce(grads, bucket, shard, group), repeats)
+    reduce_scatter_s = median_seconds(
+        lambda: bucket_reduce_scatter(grads, bucket, shard, group), repeats
+    )
     ring_s = all_reduce_s / 2  # one ring pass of the buffer at the all-reduce's bandwidth
     sent = 2 * (ranks - 1) / ranks * whole.numel() * 4
     return LinkMeasurements(
