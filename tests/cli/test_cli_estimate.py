@@ -546,3 +546,14 @@ def test_estimate_reports_the_runs_time_from_the_dataset_size(capsys):
     assert out["run_time_h"] == pytest.approx(200 * out["step_time_s"] / 3600, rel=0.01)
     assert main([*argv, "--dataset-samples", "800", "--avg-seq-len", "300"]) == 0
     assert "the run: 100 optimizer steps" in capsys.readouterr().out
+
+
+def test_estimate_says_why_a_qlora_peak_is_in_loading(capsys):
+    """A 4-bit 70B under ZeRO-3 with checkpointing peaks while transformers loads it whole onto
+    each GPU; the estimate names that phase and explains it under the verdict."""
+    argv = ["estimate", "--model", "llama-3.1-70b", "--gpu", "RTX4090", "--gpus-per-node", "2"]
+    argv += ["--finetuning", "qlora", "--stage", "3", "--gradient-checkpointing"]
+    main(argv)
+    out = capsys.readouterr().out
+    assert "peak in load" in out
+    assert "note: the peak is in loading: transformers loads a 4-bit model whole" in out

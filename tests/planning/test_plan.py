@@ -359,6 +359,7 @@ def test_plan_json_is_the_plan_under_todays_keys():
         "global_batch",
         "peak_gib",
         "fits",
+        "peak_phase",
         "breakdown",
         "cpu_gib",
         "decisions",
@@ -417,3 +418,18 @@ def test_the_adapters_note_quotes_each_adapter_plans_step_time():
     assert f"LoRA fits: ZeRO-{lora.stage}" in hint
     assert f"{lora.speed.step_time_s:.2f} s/step" in hint
     assert hint.count(" s/step") == 2
+
+
+def test_a_qlora_plan_whose_peak_is_the_load_says_why():
+    """70B QLoRA on 2 x 24 GB under ZeRO-3: transformers loads the whole 4-bit base on every GPU
+    before DeepSpeed partitions it, so the peak is in loading and the plan says so (the estimate
+    behind it: memory/lora.py ``zero3_qlora_load_bytes``)."""
+    from zerofit.cli.commands.plan import render_notes
+
+    answers = Answers(model="llama-3.1-70b", gpu="RTX4090", gpus_per_node=2, finetuning="qlora")
+    p = plan(answers)
+    assert p.peak_phase == "load" and not p.fits
+    assert any(line.startswith("note: the peak is in loading") for line in render_notes(p))
+    small = plan(answers.replace(model="qwen2.5-7b"))
+    assert small.peak_phase != "load"
+    assert not any("peak is in loading" in line for line in render_notes(small))

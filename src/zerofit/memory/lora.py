@@ -347,6 +347,20 @@ def zero3_qlora_load_bytes(model, setup, element_bytes: int) -> dict[str, int]:
     return {"frozen_params": whole, "quantize_temp": largest * element_bytes}
 
 
+QUANTIZED_LOAD_NOTE = (
+    "note: the peak is in loading: transformers loads a 4-bit model whole onto every GPU "
+    "(no zero.Init for quantized models) and ZeRO-3 partitions it only in deepspeed.initialize, "
+    "so each GPU must hold the whole 4-bit base once, whatever the offload: more GPUs do not "
+    "change that, a GPU with more memory does"
+)
+
+
+def quantized_load_note(peak_phase: str) -> str | None:
+    """Why a QLoRA ZeRO-3 peak is in loading (``zero3_qlora_load_bytes``); None for any other
+    phase."""
+    return QUANTIZED_LOAD_NOTE if peak_phase == "load" else None
+
+
 # --- the adapters' states under each ZeRO stage ---------------------------------------------------
 def adapter_element_bytes(setup, compute_bytes: int) -> int:
     """Element size of A and B. DeepSpeed casts the whole module to the compute dtype

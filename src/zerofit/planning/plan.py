@@ -104,6 +104,9 @@ class Plan:
     global_batch: int  # micro_batch * grad_accum * world_size, always
     peak_gib: float  # predicted per-GPU peak of torch.cuda.max_memory_allocated()
     fits: bool
+    # where the peak is: forward, backward, optimizer, ... or load (QLoRA's 4-bit base whole on
+    # every GPU before ZeRO-3 partitions it, memory/lora.py ``zero3_qlora_load_bytes``)
+    peak_phase: str = ""
     breakdown_gib: dict[str, float] = field(default_factory=dict)
     cpu_gib: float = 0.0
     decisions: tuple[Decision, ...] = ()
@@ -273,6 +276,7 @@ def _build_plan(
         global_batch=chosen.micro_batch * grad_accum * inputs.world_size,
         peak_gib=round(estimate.peak_gib, 2),
         fits=chosen.fits,
+        peak_phase=estimate.phase,
         breakdown_gib=estimate.breakdown_gib(inputs.gpu.memory_gib),
         cpu_gib=round(estimate.cpu_gib, 2),
         decisions=tuple(decisions),

@@ -213,9 +213,13 @@ def render_speed(report: EstimateReport) -> str:
 def render_notes(report: EstimateReport) -> list[str]:
     """The verdict line, then the cautions that apply: a tight fit, padding, activations that
     are not this model's own layer or keep eager attention scores."""
+    from zerofit.memory.lora import quantized_load_note
     from zerofit.planning.verdicts import estimate_verdict
 
     lines = [estimate_verdict(report)]
+    load_note = quantized_load_note(report.peak_phase)
+    if load_note:
+        lines.append(load_note)
     if report.fits_gpu:
         from zerofit.memory.overheads import tight_fit_note
 

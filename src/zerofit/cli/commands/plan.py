@@ -124,9 +124,13 @@ def render_alternatives(plan: Plan):
 def render_notes(plan: Plan) -> list[str]:
     """What would fit when nothing does, then the cautions that apply: a tight fit, padded
     batches, what TRL's fused LM head would change."""
+    from zerofit.memory.lora import quantized_load_note
     from zerofit.planning.plan import fused_head_hint
 
     lines = [f"- would fit: {suggestion}" for suggestion in plan.suggestions]
+    load_note = quantized_load_note(plan.peak_phase)
+    if load_note:
+        lines.append(load_note)
     if plan.fits:
         from zerofit.memory.overheads import tight_fit_note
 
