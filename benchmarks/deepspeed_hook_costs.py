@@ -367,16 +367,6 @@ QWEN1_18B = dict(
     max_position_embeddings=8192,
     tie_word_embeddings=False,
 )
-ONE_GPU_TINY = dict(
-    hidden_size=64,
-    intermediate_size=176,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    vocab_size=1000,
-    max_position_embeddings=2048,
-    tie_word_embeddings=False,
-)
 ONE_GPU_STAGES = (2, 3)  # ZeRO-2 first: a ZeRO-3 engine's hooks must not outlive its case
 ONE_GPU_SEQS = (256, 2048)
 ONE_GPU_ACCUM = 8
@@ -482,7 +472,10 @@ def run_zero3_one_gpu(dry_run: bool, steps: int, out: Path | None) -> int:
     device = "cpu" if dry_run else "cuda"
     if device == "cuda" and not torch.cuda.is_available():
         sys.exit("--zero3-one-gpu: no CUDA GPU visible (fix: add --dry-run for the CPU check)")
-    shape = ONE_GPU_TINY if dry_run else QWEN1_18B
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from model_shapes import TINY
+
+    shape = dict(TINY, tie_word_embeddings=False) if dry_run else QWEN1_18B
     init_single_rank("gloo" if dry_run else "nccl")
     versions = {
         "torch": torch.__version__,

@@ -56,16 +56,7 @@ from pathlib import Path
 import model_shapes
 
 QWEN25_05B = dict(model_shapes.QWEN25_05B, max_position_embeddings=32768, rms_norm_eps=1e-6)
-TINY = dict(
-    hidden_size=64,
-    intermediate_size=176,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    vocab_size=1000,
-    max_position_embeddings=2048,
-    tie_word_embeddings=True,
-)
+TINY = model_shapes.TINY
 RANK, DROPOUT, MICRO = 16, 0.05, 2
 STACKS = ("plain", "autocast", "deepspeed")
 # DeepSpeed's own bucket defaults (deepspeed/runtime/zero/config.py, DeepSpeedZeroConfig), what

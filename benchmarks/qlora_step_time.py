@@ -44,27 +44,8 @@ import time
 from pathlib import Path
 
 import gpu_lora_memory
+from model_shapes import QWEN25_7B, QWEN25_15B
 
-# the catalog's shapes (zerofit models/builtin.py; tests/speed/test_qlora_step_time_bench.py
-# checks they stay equal)
-QWEN25_15B = dict(
-    hidden_size=1536,
-    intermediate_size=8960,
-    num_hidden_layers=28,
-    num_attention_heads=12,
-    num_key_value_heads=2,
-    vocab_size=151936,
-    tie_word_embeddings=True,
-)
-QWEN25_7B = dict(
-    hidden_size=3584,
-    intermediate_size=18944,
-    num_hidden_layers=28,
-    num_attention_heads=28,
-    num_key_value_heads=4,
-    vocab_size=152064,
-    tie_word_embeddings=False,
-)
 SHAPES = {"qwen2.5-1.5b": QWEN25_15B, "qwen2.5-7b": QWEN25_7B, "tiny": gpu_lora_memory.TINY}
 WARMUP_STEPS, TIMED_STEPS = 2, 5
 HOST_ROWS, HOST_WIDTH, HOST_CALLS = 2048, 256, 200
