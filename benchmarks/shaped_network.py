@@ -4,18 +4,24 @@ Two "nodes" are network namespaces joined by a veth pair (tests/launch/real_clus
 ``namespace_pair``); ``tc qdisc ... tbf`` limits the pair to a link speed. One rank per node
 trains a Llama-shaped model built from a config (fp32, random weights, random tokens) with
 ``deepspeed.initialize`` over gloo, under each configuration of the grid, and times the steps
-after a warm-up. Right before the runs, inside the same two processes (so with the same
-contention between them), the ranks measure the CPU "device": matmul rate at the model's shapes,
-memory bandwidth, DeepSpeedCPUAdam's rate and the link by a timed gloo all-reduce
-(``measure_device``). ``speed/device.py:cpu_profile`` turns those into a ``DeviceProfile`` and
-``estimate_step_time`` predicts each configuration's step with it.
+after a warm-up, and each phase apart: the engine's forward, ``engine.backward`` (ZeRO-1/2's
+reduction at the boundary included) and ``engine.step``. Right before each configuration,
+inside the same two processes (so with the same contention between them), the ranks measure the
+CPU "device" (speed/device.py ``measure_cpu_device``): the model's own forward and backward rate
+(composed from the model built with none and two decoder layers), memory bandwidth,
+DeepSpeedCPUAdam's and torch AdamW's rates, and the link by timed gloo collectives, the gradient
+reductions as DeepSpeed issues them (their bucket copies and fresh flat buffers included).
+``cpu_profile`` turns those into a ``DeviceProfile`` and ``estimate_step_time`` predicts each
+configuration's step with it; the speed model's terms, regrouped by the phase that pays them
+(``predict_phases``), print beside the measured phases.
 
 One rank per node: the machine has 2 cores, so two ranks each run one thread on a core of their
 own; two ranks per node would put four ranks on two cores and measure the scheduler.
 
-Run as root (namespaces, tc):  .venv/bin/python benchmarks/shaped_network.py [--quick]
-It prints, per link speed and configuration, predicted and measured seconds per step, the error,
-and whether the measured order (pairs apart by more than 10 %) is predicted.
+Run as root (namespaces, tc):  .venv/bin/python benchmarks/shaped_network.py   (~11 min)
+A slice: ``--configs zero2,zero2+offload --links 2gbit`` (~2 min). It prints, per link speed and
+configuration, predicted and measured seconds per step, the error, whether the measured order
+(pairs apart by more than 10 %) is predicted, and the phases measured against predicted.
 """
 
 from __future__ import annotations
