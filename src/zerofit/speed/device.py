@@ -130,7 +130,7 @@ def cpu_profile(measured: CpuMeasurements) -> DeviceProfile:
         link_efficiency = min(1.0, measured.bucket_all_reduce_gbits / measured.link_gbits)
     return DeviceProfile(
         name="cpu (measured)",
-        peak_tflops=measured.training_tflops or measured.matmul_tflops,
+        peak_tflops=compute_tflops(measured),
         efficiency=EfficiencyCurve(peak_fraction=1.0, half_tokens=0.0),
         memory_gbps=measured.memory_gbps,
         link_gbps=intra_gbits / 8,
@@ -148,6 +148,15 @@ def cpu_profile(measured: CpuMeasurements) -> DeviceProfile:
         all_gather_cost=measured.all_gather_cost * link_efficiency,
         optimizer_params_per_s=measured.torch_adam_params_per_s or None,
     )
+
+
+def compute_tflops(measured: CpuMeasurements) -> float:
+    """The rate the step's FLOPs run at: the model's own forward and backward where measured,
+    never above its matmuls' rate (the model runs those and more; a composed rate above it is
+    the noise of ``measure_training_tflops``' difference of two timings on a busy machine)."""
+    if measured.training_tflops <= 0:
+        return measured.matmul_tflops
+    return min(measured.training_tflops, measured.matmul_tflops)
 
 
 # the bytes per parameter DeepSpeedCPUAdam streams (step_time.CPU_ADAM_BYTES_PER_PARAM's source)
@@ -233,7 +242,7 @@ def measure_training_tflops(model_config: dict, micro_batch: int, seq_len: int) 
             model(input_ids=ids, labels=ids).loss.backward()
             model.zero_grad(set_to_none=True)  # every micro step's gradients start fresh
 
-        seconds[depth] = median_seconds(forward_backward, 3)
+        seconds[depth] = median_seconds(forward_backward, 5)
     per_layer = max(0.0, seconds[2] - seconds[0]) / 2
     step_s = seconds[0] + model_config["num_hidden_layers"] * per_layer
     terms = forward_flops_per_sequence(spec_from_config(model_config, "measured"), seq_len)
