@@ -3,8 +3,9 @@ benchmarks/shaped_network.py (the full grid: ZeRO-1/2/3 x offload at two link sp
 
 Two network namespaces joined by a veth pair limited to 100 Mbit/s by tc's tbf, one gloo rank in
 each, train a ~1.6M-parameter Llama (fp32, two micro steps per optimizer step) under ZeRO-1 and
-ZeRO-3. The ranks first measure the CPU device once (matmul rate, memory bandwidth, CPUAdam,
-the link by timed collectives); ``estimate_step_time`` on that ``cpu_profile`` must predict each
+ZeRO-3. The ranks first measure the CPU device once (the model's forward+backward rate, memory
+bandwidth, CPUAdam and torch AdamW, the link by timed collectives and the gradient reductions as
+DeepSpeed issues them); ``estimate_step_time`` on that ``cpu_profile`` must predict each
 step within 20 % and that ZeRO-3, which gathers the parameters and reduces the gradients in
 every micro step, is the slower on this link, where ZeRO-1 reduces once per optimizer step.
 
