@@ -275,6 +275,19 @@ class LinkMeasurements:
     bucket_gbits: float = 0.0  # ZeRO-1/2's bucketed all-reduce, on the count of ``gbits``
 
 
+def copy_into_bucket(grads: list, bucket) -> list:
+    """Each gradient copied, flattened, into the next stretch of the contiguous ``bucket``, as
+    DeepSpeed fills its reduction buckets; the bucket's views, one per gradient."""
+    views = []
+    offset = 0
+    for grad in grads:
+        view = bucket.narrow(0, offset, grad.numel())
+        view.copy_(grad.view(-1))
+        views.append(view)
+        offset += grad.numel()
+    return views
+
+
 def bucket_all_reduce(grads: list, bucket, partition, group=None) -> None:
     """ZeRO-1/2's reduction of one gradient bucket without ``overlap_comm``, as DeepSpeed 0.19
     issues it on the calling thread (runtime/zero/stage_1_and_2.py): each gradient copied into
@@ -288,13 +301,8 @@ def bucket_all_reduce(grads: list, bucket, partition, group=None) -> None:
     from torch._utils import _flatten_dense_tensors
 
     ranks = dist.get_world_size(group)
-    slices = []
-    offset = 0
-    for grad in grads:
-        view = bucket.narrow(0, offset, grad.numel())
-        view.copy_(grad.view(-1))
-        slices.append(view)
-        offset += grad.numel()
+    slices = copy_into_bucket(grads, bucket)
+    offset = sum(view.numel() for view in slices)
     filled = bucket.narrow(0, 0, offset)
     filled.div_(ranks)
     flat = _flatten_dense_tensors(slices)
@@ -317,13 +325,7 @@ def bucket_reduce_scatter(grads: list, bucket, partition, group=None) -> None:
 
     ranks = dist.get_world_size(group)
     rank = dist.get_rank(group)
-    views = []
-    offset = 0
-    for grad in grads:
-        view = bucket.narrow(0, offset, grad.numel())
-        view.copy_(grad.view(-1))
-        views.append(view)
-        offset += grad.numel()
+    views = copy_into_bucket(grads, bucket)
     slices = [view.chunk(ranks)[index] for index in range(ranks) for view in views]
     flat = torch.cat(slices)
     flat.div_(ranks)
