@@ -140,6 +140,21 @@ OPTIMIZER_STEP_OVERHEAD_S = 0.1
 # +47..+61 % and the 72B LoRA row at seq256 +53 %. benchmarks/deepspeed_hook_costs.py
 # ``--zero3-one-gpu`` times the Qwen-1.8B rows' own setup on one lent GPU, to tell which host the
 # constant should follow.
+# DeepSpeed's version explains about 2x of that gap. The same CPU host, torch 2.13, one gloo rank,
+# benchmarks/deepspeed_hook_costs.py's nine shapes and least squares with ZeRO-1 as the baseline
+# (0.12.6's ZeRO-0 rejects CPU gradients), three interleaved runs per version, 0.12.6 imported
+# with in-process stand-ins for what torch 2.13 and numpy 2 dropped; ZeRO-3's cost per module
+# pass, us, median [range]:
+#     DeepSpeed                  0.12.6       0.14.4       0.16.9       0.19.8
+#     weights kept (default)     29 [28-38]   41 [36-43]   37 [34-64]   60 [59-62]
+#     weights gathered (0)       31 [28-32]   41 [39-43]   39 [37-40]   62 [56-64]
+# (the 8 x 8 weights sit under ``stage3_param_persistence_threshold``; at 0 each is gathered and
+# released). Per trainable tensor ZeRO-3 adds 50-90 us in every version, ZeRO-2 under 20 us: no
+# trend within the noise. 0.19.8's module hooks take 2.0x 0.12.6's (more Python per fetch and
+# release: compiler-disable wrappers, longer ``fetch_sub_module`` / ``release_sub_module``), so
+# the A100 rows' ~0.14 ms, if run on a DeepSpeed of 0.12's era, is ~0.28 ms on 0.19: most of the
+# way to the H100 hosts' 0.33-0.57 ms. Host speed and CUDA's stream and event calls, which a CPU
+# run does not make, are the rest.
 # ``RECOMPUTE_HOST_S_PER_LAYER`` stays at the earlier joint fit's 2 ms (the same H100 runs:
 # checkpointing added 74-81 ms to a ZeRO-2 micro step of 24 layers at 4 x 2048 tokens, 3.1-3.4 ms
 # per layer, ~0.6 ms of it the recompute's FLOPs).
