@@ -37,7 +37,7 @@ from zerofit.errors import ZerofitError
 from zerofit.hardware import GpuSpec, lookup
 from zerofit.memory.estimate import TrainSetup
 from zerofit.models.resolve import ModelSpec, resolve_model, spec_from_config
-from zerofit.speed.step_time import DEFAULT_INTER_NODE_GBITS, estimate_step_time
+from zerofit.speed.step_time import DEFAULT_INTER_NODE_GBITS, estimate_step_time, gpu_profile
 
 ROOT = Path(__file__).resolve().parents[1]
 PUBLIC = ROOT / "tests" / "data" / "step_times_public.jsonl"
@@ -149,6 +149,13 @@ ATTENTION_KERNELS = {
     "sdpa": "sdpa",
     "eager": "eager",
 }
+# The DeepSpeed release each source's runs paid ZeRO-3's hooks at (speed/step_time.py
+# ``STAGE3_HOOK_COST_BY_DEEPSPEED``: 0.12's module hooks cost half of 0.19's), by the source's
+# date where it names no version: the Qwen README's profiling table came with Qwen-1.8B and
+# Qwen-72B (30 Nov 2023), when 0.12 was DeepSpeed's release; ms-swift's docs at the stored
+# commit time Qwen3 models (2025), on 0.16. Every other source (our H100 calibration, torchtitan's
+# FSDP) is 0.19's or runs no ZeRO-3.
+DEEPSPEED_OF_SOURCE = {"QwenLM/Qwen": "0.12", "modelscope/ms-swift": "0.16"}
 LORA_TRAINABLE_SHARE = 0.01  # LoRA adapters: ~1 % of the weights (rank 64 on every projection)
 
 
@@ -321,11 +328,19 @@ def tokens_per_gpu_step(setup: TrainSetup) -> int:
     return sequences * setup.seq_len * setup.grad_accum
 
 
+def deepspeed_of_row(row: dict) -> str:
+    """The DeepSpeed release a row's run paid ZeRO-3's hooks at (``DEEPSPEED_OF_SOURCE``)."""
+    for repository, version in DEEPSPEED_OF_SOURCE.items():
+        if f"github.com/{repository}/" in row["source"]:
+            return version
+    return "0.19"
+
+
 def predict(row: dict, expressed: Expressed) -> Prediction:
     step = estimate_step_time(
         expressed.setup,
         expressed.model,
-        expressed.gpu,
+        gpu_profile(expressed.gpu, deepspeed_of_row(row)),
         inter_node_gbps=expressed.inter_node_gbps,
         trainable_params=expressed.trainable,
         sample_len=expressed.sample_len,

@@ -662,3 +662,28 @@ def test_grpo_under_trl_trains_the_lm_head_over_the_completion_only():
     sft_rate = H100.bf16_tflops * 1e12 * compute_efficiency(H100, ONE_NODE.micro_batch * 2048)
     expected_s = (flops.forward + flops.backward) * ONE_NODE.grad_accum / sft_rate
     assert sft.compute_s == pytest.approx(expected_s, rel=1e-9)
+
+
+def test_an_older_deepspeed_pays_less_per_zero3_module_and_nothing_else_changes():
+    """ZeRO-3's per-module host cost follows the DeepSpeed release (0.12's hooks measured at
+    half of 0.19's on one CPU host); ZeRO-2 has no module hooks, so its step is the same; a
+    release with no measurement is refused in one line."""
+    from zerofit.speed.step_time import STAGE3_FETCH_S_PER_MODULE, gpu_profile
+
+    old, current = gpu_profile(H100, "0.12"), gpu_profile(H100)
+    assert current.stage3_fetch_s_per_module == STAGE3_FETCH_S_PER_MODULE
+    assert old.stage3_fetch_s_per_module == pytest.approx(STAGE3_FETCH_S_PER_MODULE * 29 / 60)
+    assert dataclasses.replace(old, stage3_fetch_s_per_module=0.0) == dataclasses.replace(
+        current, stage3_fetch_s_per_module=0.0
+    )
+    small = resolve_model("qwen2.5-0.5b")
+    zero3 = TrainSetup(stage=3, world_size=1, gpus_per_node=1, micro_batch=1, seq_len=256)
+    assert estimate_step_time(zero3, small, old).total_s < estimate_step_time(
+        zero3, small, current
+    ).total_s
+    zero2 = dataclasses.replace(zero3, stage=2)
+    assert estimate_step_time(zero2, small, old).total_s == pytest.approx(
+        estimate_step_time(zero2, small, current).total_s
+    )
+    with pytest.raises(ValueError, match="deepspeed_version '0.9'"):
+        gpu_profile(H100, "0.9")

@@ -130,17 +130,10 @@ OPTIMIZER_STEP_OVERHEAD_S = 0.1
 # Qwen-72B LoRA rows (qwen1-72b-lora-z3-seq256 ... -seq8192) once PEFT's own modules are counted
 # (``PEFT_CALLED_MODULES_PER_ADAPTED_LINEAR``: 3,287 hooked modules, not 1,046): hosts and
 # DeepSpeed versions differ by 3x or more (this repository's 2-core CPU host runs ZeRO-3's hooks
-# at ~0.08 ms per module pass with DeepSpeed 0.19 on one gloo rank). Both constants are fitted
-# jointly by least squares of the relative error over the 57 predicted public rows and the nine
-# H100 calibration runs, grid 0.12-0.26 ms x 0.10-0.18 ms: 0.14 / 0.14 ms is the lowest point
-# (rms 13.1 %; public median |error| 7 %, median Kendall tau 0.87, plan's pick 7/7). It leaves the
-# H100 calibration's ZeRO-3 runs 33-40 % low (z3-none-seq2048-mbs4, -gc): their hosts' 0.33-0.57
-# ms per module pass is 3x the A100 rows'. Keeping those within 25 % takes 0.26 ms per module
-# pass (the earlier fit, rms 19.5 % with the PEFT modules counted), which puts the 1.8B rows at
-# +47..+61 % and the 72B LoRA row at seq256 +53 %. benchmarks/deepspeed_hook_costs.py
-# ``--zero3-one-gpu`` times the Qwen-1.8B rows' own setup on one lent GPU, to tell which host the
-# constant should follow.
-# DeepSpeed's version explains about 2x of that gap. The same CPU host, torch 2.13, one gloo rank,
+# at ~0.08 ms per module pass with DeepSpeed 0.19 on one gloo rank). The module cost is for
+# DeepSpeed 0.19, the version zerofit writes configs for; DeepSpeed's own version moves it
+# (below: ``STAGE3_HOOK_COST_BY_DEEPSPEED``).
+# DeepSpeed's version explains about 2x of the gap between those hosts. The same CPU host, torch 2.13, one gloo rank,
 # benchmarks/deepspeed_hook_costs.py's nine shapes and least squares with ZeRO-1 as the baseline
 # (0.12.6's ZeRO-0 rejects CPU gradients), three interleaved runs per version, 0.12.6 imported
 # with in-process stand-ins for what torch 2.13 and numpy 2 dropped; ZeRO-3's cost per module
@@ -155,6 +148,16 @@ OPTIMIZER_STEP_OVERHEAD_S = 0.1
 # the A100 rows' ~0.14 ms, if run on a DeepSpeed of 0.12's era, is ~0.28 ms on 0.19: most of the
 # way to the H100 hosts' 0.33-0.57 ms. Host speed and CUDA's stream and event calls, which a CPU
 # run does not make, are the rest.
+# Both constants are fitted jointly by least squares of the relative error over the 57 predicted
+# public rows and the nine H100 calibration runs, each public source's rows at its own
+# DeepSpeed's module cost (benchmarks/step_times_public.py ``DEEPSPEED_OF_SOURCE``: the Qwen
+# README's late-2023 runs on 0.12, ms-swift's 2025 docs on 0.16), grid 0.22-0.38 ms per module
+# pass: 0.28-0.30 ms is the lowest (rms 11.7 %; public median |error| 7 %, median Kendall tau
+# 0.87, plan's pick 7/7; calibration median 10 %, its ZeRO-3 runs -10 / -17 %). One cost for
+# every version instead (rms 13.1 % at 0.14 ms) cannot hold both: 0.14 ms leaves the calibration's
+# ZeRO-3 runs 33-40 % low, 0.26 ms puts the Qwen-1.8B one-GPU rows at +47..+61 %.
+# benchmarks/deepspeed_hook_costs.py ``--zero3-one-gpu`` times the Qwen-1.8B rows' own setup on
+# one lent GPU (not run yet).
 # ``RECOMPUTE_HOST_S_PER_LAYER`` stays at the earlier joint fit's 2 ms (the same H100 runs:
 # checkpointing added 74-81 ms to a ZeRO-2 micro step of 24 layers at 4 x 2048 tokens, 3.1-3.4 ms
 # per layer, ~0.6 ms of it the recompute's FLOPs).
@@ -169,7 +172,10 @@ OPTIMIZER_STEP_OVERHEAD_S = 0.1
 # ``logging_nan_inf_filter``, on by default), so the next micro step's data loading and input
 # preparation start on an idle GPU.
 GRAD_HOOK_S_PER_TENSOR = 0.00014
-STAGE3_FETCH_S_PER_MODULE = 0.00014
+STAGE3_FETCH_S_PER_MODULE = 0.00030
+# ZeRO-3's host cost per module pass under each DeepSpeed release, as a share of 0.19's: the
+# medians of the CPU measurement above (default persistence; 29, 41, 37 and 60 us)
+STAGE3_HOOK_COST_BY_DEEPSPEED = {"0.12": 29 / 60, "0.14": 41 / 60, "0.16": 37 / 60, "0.19": 1.0}
 RECOMPUTE_HOST_S_PER_LAYER = 0.002
 
 # Pinned host<->GPU copies reach ~25 GB/s of PCIe Gen4 x16's 32 GB/s per direction (DeepSpeed
@@ -302,9 +308,15 @@ def compute_efficiency(gpu: GpuSpec, tokens_per_micro_step: int) -> float:
     return efficiency_curve(gpu).at(tokens_per_micro_step)
 
 
-def gpu_profile(gpu: GpuSpec) -> DeviceProfile:
+def gpu_profile(gpu: GpuSpec, deepspeed_version: str = "0.19") -> DeviceProfile:
     """A catalog GPU as the model's device: its datasheet rates and the constants above, fitted
-    on public GPU runs (speed/device.py ``cpu_profile`` is the measured CPU counterpart)."""
+    on public GPU runs (speed/device.py ``cpu_profile`` is the measured CPU counterpart).
+    ``deepspeed_version``: the DeepSpeed release ("0.12" ... "0.19") whose ZeRO-3 hooks the run
+    pays (``STAGE3_HOOK_COST_BY_DEEPSPEED``); zerofit's configs are for 0.19."""
+    if deepspeed_version not in STAGE3_HOOK_COST_BY_DEEPSPEED:
+        known = ", ".join(STAGE3_HOOK_COST_BY_DEEPSPEED)
+        raise ValueError(f"deepspeed_version {deepspeed_version!r}: measured for {known} only")
+    fetch = STAGE3_FETCH_S_PER_MODULE * STAGE3_HOOK_COST_BY_DEEPSPEED[deepspeed_version]
     return DeviceProfile(
         name=gpu.key,
         peak_tflops=gpu.bf16_tflops,
@@ -316,7 +328,7 @@ def gpu_profile(gpu: GpuSpec) -> DeviceProfile:
         micro_step_overhead_s=MICRO_STEP_OVERHEAD_S,
         optimizer_step_overhead_s=OPTIMIZER_STEP_OVERHEAD_S,
         grad_hook_s_per_tensor=GRAD_HOOK_S_PER_TENSOR,
-        stage3_fetch_s_per_module=STAGE3_FETCH_S_PER_MODULE,
+        stage3_fetch_s_per_module=fetch,
         recompute_host_s_per_layer=RECOMPUTE_HOST_S_PER_LAYER,
         link_efficiency=LINK_EFFICIENCY,
         memory_gib=gpu.memory_gib,
