@@ -133,9 +133,10 @@ OPTIMIZER_STEP_OVERHEAD_S = 0.1
 # at ~0.08 ms per module pass with DeepSpeed 0.19 on one gloo rank). The module cost is for
 # DeepSpeed 0.19, the version zerofit writes configs for; DeepSpeed's own version moves it
 # (below: ``STAGE3_HOOK_COST_BY_DEEPSPEED``).
-# DeepSpeed's version explains about 2x of the gap between those hosts. The same CPU host, torch 2.13, one gloo rank,
-# benchmarks/deepspeed_hook_costs.py's nine shapes and least squares with ZeRO-1 as the baseline
-# (0.12.6's ZeRO-0 rejects CPU gradients), three interleaved runs per version, 0.12.6 imported
+# DeepSpeed's version explains about 2x of the gap between those hosts. The same CPU host,
+# torch 2.13, one gloo rank, benchmarks/deepspeed_hook_costs.py's nine shapes and least squares
+# with ZeRO-1 as the baseline (0.12.6's ZeRO-0 rejects CPU gradients), three interleaved runs per
+# version, 0.12.6 imported
 # with in-process stand-ins for what torch 2.13 and numpy 2 dropped; ZeRO-3's cost per module
 # pass, us, median [range]:
 #     DeepSpeed                  0.12.6       0.14.4       0.16.9       0.19.8
