@@ -11,19 +11,12 @@ on them.
 """
 import torch
 from generate_timing import JsonLines, generate, timed
-from model_shapes import QWEN25_05B
+from model_shapes import QWEN25_05B, QWEN25_7B
 from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
 
 SHAPES = {  # the configs' shapes (Qwen2.5 and Llama-3.1 config.json), random weights
     "qwen2.5-0.5b": Qwen2Config(**QWEN25_05B),
-    "qwen2.5-7b": Qwen2Config(
-        hidden_size=3584,
-        intermediate_size=18944,
-        num_hidden_layers=28,
-        num_attention_heads=28,
-        num_key_value_heads=4,
-        vocab_size=152064,
-    ),
+    "qwen2.5-7b": Qwen2Config(**QWEN25_7B),
     "llama-3.1-8b": LlamaConfig(
         hidden_size=4096,
         intermediate_size=14336,

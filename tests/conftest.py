@@ -165,6 +165,24 @@ def tiny_model_dir(tmp_path) -> Path:
     return write_tiny_model_dir(tmp_path / "tiny-qwen2")
 
 
+def load_nf4_model(folder: Path, dtype):
+    """A saved model loaded by transformers with QLoRA's BitsAndBytesConfig (NF4, double
+    quantization, computing in ``dtype``, bitsandbytes' default uint8 storage) on the CPU, in
+    train mode (from_pretrained returns eval mode, where checkpointing is off)."""
+    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+
+    quantization = BitsAndBytesConfig(
+        load_in_4bit=True,
+        bnb_4bit_quant_type="nf4",
+        bnb_4bit_use_double_quant=True,
+        bnb_4bit_compute_dtype=dtype,
+    )
+    model = AutoModelForCausalLM.from_pretrained(
+        folder, quantization_config=quantization, device_map="cpu", dtype=dtype
+    )
+    return model.train()
+
+
 def read_json(path: Path) -> dict:
     return json.loads(Path(path).read_text())
 

@@ -257,27 +257,32 @@ ZERO3_CASES = [
 def zero3_saved():
     """tests/scripts/zero3_lora_saved_probe.py run once for ZERO3_CASES (one process, one rank
     over gloo): the saved bytes of each peft model's forward, plain and under ZeRO-3."""
+    pytest.importorskip("deepspeed")
+    cases = []
+    for targets, dropout, input_grads in ZERO3_CASES:
+        case = {"targets": peft_target_modules(targets), "dropout": dropout}
+        cases.append(dict(case, input_grads=input_grads))
+    spec = {"shape": SHAPE, "micro": MICRO, "seq": SEQ, "cases": cases}
+    return run_probe_script("zero3_lora_saved_probe.py", spec)
+
+
+def run_probe_script(name: str, spec: dict) -> dict:
+    """Run tests/scripts/``name`` with ``spec`` as its JSON argument, as one DeepSpeed rank on
+    the CPU over gloo in a process of its own, and return the ``results`` of its last line."""
     import json
     import os
     import subprocess
     import sys
     from pathlib import Path
 
-    pytest.importorskip("deepspeed")
     from conftest import find_free_port
 
     root = Path(__file__).resolve().parents[2]
-    cases = []
-    for targets, dropout, input_grads in ZERO3_CASES:
-        case = {"targets": peft_target_modules(targets), "dropout": dropout}
-        cases.append(dict(case, input_grads=input_grads))
-    spec = {"shape": SHAPE, "micro": MICRO, "seq": SEQ, "cases": cases}
     env = dict(
         os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1", MASTER_PORT=str(find_free_port())
     )
-    script = root / "tests" / "scripts" / "zero3_lora_saved_probe.py"
     done = subprocess.run(
-        [sys.executable, str(script), json.dumps(spec)],
+        [sys.executable, str(root / "tests" / "scripts" / name), json.dumps(spec)],
         cwd=root, env=env, capture_output=True, text=True, timeout=600,
     )
     assert done.returncode == 0, done.stderr[-3000:]
@@ -599,27 +604,9 @@ QLORA_OFFLOAD_SHAPE = dict(SHAPE)
 def zero3_qlora_offload():
     """tests/scripts/zero3_qlora_offload_probe.py: a real ZeRO-3 engine, parameters offloaded,
     on a transformers-loaded QLoRA model (one rank over gloo), per quant storage."""
-    import json
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
     pytest.importorskip("deepspeed")
     pytest.importorskip("bitsandbytes")
-    from conftest import find_free_port
-
-    root = Path(__file__).resolve().parents[2]
-    env = dict(
-        os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1", MASTER_PORT=str(find_free_port())
-    )
-    script = root / "tests" / "scripts" / "zero3_qlora_offload_probe.py"
-    done = subprocess.run(
-        [sys.executable, str(script), json.dumps(QLORA_OFFLOAD_SHAPE)],
-        cwd=root, env=env, capture_output=True, text=True, timeout=600,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])["results"]
+    return run_probe_script("zero3_qlora_offload_probe.py", QLORA_OFFLOAD_SHAPE)
 
 
 def test_offloaded_qlora_partitions_are_the_packed_base_exactly(zero3_qlora_offload):
@@ -731,18 +718,9 @@ def _qlora_model(model_dir):
     double quantization) on the CPU, fp32 compute, as bitsandbytes 0.50 allows."""
     torch = pytest.importorskip("torch")
     pytest.importorskip("bitsandbytes")
-    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+    from conftest import load_nf4_model
 
-    quantization = BitsAndBytesConfig(
-        load_in_4bit=True,
-        bnb_4bit_quant_type="nf4",
-        bnb_4bit_use_double_quant=True,
-        bnb_4bit_compute_dtype=torch.float32,
-    )
-    model = AutoModelForCausalLM.from_pretrained(
-        model_dir, quantization_config=quantization, device_map="cpu", dtype=torch.float32
-    )
-    return model.train()  # from_pretrained returns eval mode, where checkpointing is off
+    return load_nf4_model(model_dir, torch.float32)
 
 
 def _param_bytes(model) -> int:

@@ -59,18 +59,10 @@ def measured_dequantizations(folder, targets: str, checkpointing: bool) -> int:
     compute) on the CPU, counted by torch's profiler (which sees the calls inside
     ``gemm_4bit``'s kernel too)."""
     import torch
+    from conftest import load_nf4_model
     from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
 
-    quantization = BitsAndBytesConfig(
-        load_in_4bit=True,
-        bnb_4bit_quant_type="nf4",
-        bnb_4bit_use_double_quant=True,
-        bnb_4bit_compute_dtype=torch.bfloat16,
-    )
-    base = AutoModelForCausalLM.from_pretrained(
-        folder, quantization_config=quantization, device_map="cpu", dtype=torch.bfloat16
-    ).train()
+    base = load_nf4_model(folder, torch.bfloat16)
     modules = targets if targets == "all-linear" else targets.split(",")
     model = get_peft_model(base, LoraConfig(r=4, target_modules=modules, lora_dropout=0.05))
     if checkpointing:
