@@ -557,3 +557,18 @@ def test_estimate_says_why_a_qlora_peak_is_in_loading(capsys):
     out = capsys.readouterr().out
     assert "peak in load" in out
     assert "note: the peak is in loading: transformers loads a 4-bit model whole" in out
+
+
+def test_a_zero3_lora_estimate_reads_memory_efficient_linear_from_the_json(capsys, tmp_path):
+    """With DeepSpeed's memory-efficient linear on (its default) ZeRO-3 saves every frozen base
+    layer's input under LoRA (memory/lora.py ``frozen_linears_save_inputs``); a JSON that turns
+    it off keeps torch's linear, and the estimate holds less."""
+    peaks = {}
+    for efficient in (True, False):
+        path = tmp_path / f"ds_{efficient}.json"
+        zero = {"stage": 3, "memory_efficient_linear": efficient}
+        path.write_text(json.dumps({"zero_optimization": zero, "bf16": {"enabled": True}}))
+        argv = ["estimate", "--model", "qwen2.5-0.5b", "--gpu", "H100-SXM", "--seq-len", "2048"]
+        main(argv + ["--finetuning", "lora", "--ds-config", str(path), "--json"])
+        peaks[efficient] = json.loads(capsys.readouterr().out)["peak_gib"]
+    assert peaks[False] < peaks[True]

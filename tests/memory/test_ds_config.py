@@ -29,6 +29,14 @@ def test_left_out_buckets_are_deepspeed_s_defaults_and_auto_is_hf_s():
     assert auto["buckets"]["reduce_bucket_size"] == 4096**2 and auto["overlap_comm"] is True
 
 
+def test_memory_efficient_linear_is_deepspeeds_default_unless_turned_off():
+    """zero.Init swaps F.linear for zero3_linear_wrap while DeepSpeedZeroConfig's
+    memory_efficient_linear is on (its default); a JSON may turn it off."""
+    assert read_ds_config({"zero_optimization": {"stage": 3}}, 1024)["memory_efficient_linear"]
+    off = {"zero_optimization": {"stage": 3, "memory_efficient_linear": False}}
+    assert read_ds_config(off, 1024)["memory_efficient_linear"] is False
+
+
 def test_offload_optimizer_and_precision():
     read = read_ds_config(
         {

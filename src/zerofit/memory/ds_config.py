@@ -68,7 +68,8 @@ def read_ds_config(ds: dict, hidden_size: int) -> dict[str, Any]:
 
     Returns a dict with any of: ``stage``, ``offload_optimizer``, ``offload_param``,
     ``precision``, ``micro_batch``, ``grad_accum``, ``train_batch_size`` (each only when the file
-    states it as a number), and always ``buckets``, ``overlap_comm``, ``ds_optimizer_block``,
+    states it as a number), and always ``buckets``, ``overlap_comm``,
+    ``memory_efficient_linear``, ``ds_optimizer_block``,
     ``optimizer`` (the implementation DeepSpeed builds from the block, or None without one) and
     the offload blocks' ``pin_optimizer_offload`` / ``pin_param_offload``.
     """
@@ -118,6 +119,9 @@ def read_zero_block(zero: dict, hidden_size: int) -> dict[str, Any]:
     out["overlap_comm"] = (
         bool(parsed.overlap_comm) if parsed.overlap_comm is not None else out.get("stage") == 3
     )
+    # zero.Init swaps F.linear for zero3_linear_wrap unless this is off (partition_parameters.py
+    # ``Init.__init__``: ``_ds_config.zero_config.memory_efficient_linear``)
+    out["memory_efficient_linear"] = bool(parsed.memory_efficient_linear)
     out.update(_read_offload(parsed, out.get("stage", 3)))
     zero_plus = _read_zero_plus(parsed)
     if zero_plus != "none" and out.get("stage", 3) == 3:

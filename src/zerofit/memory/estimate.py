@@ -68,6 +68,9 @@ class TrainSetup:
     completion_len: int = 256
     reference_model: bool | None = None
     overlap_comm: bool = True
+    # ZeRO-3's zero3_linear_wrap in place of F.linear (memory/lora.py
+    # ``frozen_linears_save_inputs``); a user's JSON may turn it off
+    memory_efficient_linear: bool = True
     buckets: dict | None = None
     # --- the training stack (see memory/optimizers.py and memory/losses.py for the sources)
     stack: str = "accelerate"  # hf | accelerate | deepspeed

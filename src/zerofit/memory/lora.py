@@ -560,8 +560,10 @@ def frozen_linears_save_inputs(setup) -> bool:
     ``LinearFunctionForZeroStage3`` (``runtime/zero/linear.py``), whose ``setup_context`` calls
     ``ctx.save_for_backward(input, weight, bias)`` whatever needs a gradient. Autograd keeps
     them whenever some input requires grad (a function none of whose inputs does is not
-    recorded). torch's own linear saves a frozen weight's input for nothing."""
-    return setup.stage == 3 and is_adapter(setup)
+    recorded). torch's own linear saves a frozen weight's input for nothing. A user's
+    ``memory_efficient_linear: false`` (``TrainSetup.memory_efficient_linear``, read from the
+    DeepSpeed JSON) keeps torch's linear."""
+    return setup.stage == 3 and is_adapter(setup) and setup.memory_efficient_linear
 
 
 def _group_input_saved_anyway(chosen: list[str], per_module: bool) -> bool:

@@ -33,6 +33,7 @@ from zerofit.planning.speed_report import SpeedReport, build_speed_report
 SETUP_KEYS_FROM_FILES = (
     "buckets",
     "overlap_comm",
+    "memory_efficient_linear",
     "ds_optimizer_block",
     "pin_optimizer_offload",
     "pin_param_offload",
