@@ -72,6 +72,10 @@ class DeviceProfile:
     # (a CPU rank's torch AdamW); None: HBM-bound, step_time.GPU_ADAM_BYTES_PER_PARAM per
     # parameter at ``memory_gbps`` (step_time.py ``gpu_optimizer_seconds``)
     optimizer_params_per_s: float | None = None
+    # host seconds each QLoRA dequantizing call adds beyond a 16-bit linear's (speed/
+    # quantization.py ``DEQUANTIZE_HOST_S_PER_CALL`` on a catalog GPU); 0 on a measured CPU rank,
+    # whose fixed host costs are all left out (``cpu_profile``)
+    dequantize_host_s_per_call: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -206,12 +210,20 @@ def measure_cpu_adam_params_per_s(params: int) -> float:
     """Parameters per second of DeepSpeedCPUAdam's step (deepspeed/ops/adam/cpu_adam.py
     ``DeepSpeedCPUAdam.step``) over ``params`` fp32 parameters; the first step, which allocates
     the states, is the warm-up."""
-    import torch
     from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+    return optimizer_params_per_s(DeepSpeedCPUAdam, params)
+
+
+def optimizer_params_per_s(optimizer_class, params: int) -> float:
+    """Parameters per second of ``optimizer_class``'s step over one flat fp32 parameter of
+    ``params`` elements with a gradient; the first step, which allocates the states, is the
+    warm-up (``median_seconds``)."""
+    import torch
 
     weight = torch.nn.Parameter(torch.zeros(params))
     weight.grad = torch.ones(params)
-    optimizer = DeepSpeedCPUAdam([weight], lr=1e-4)
+    optimizer = optimizer_class([weight], lr=1e-4)
     return params / median_seconds(optimizer.step, 3)
 
 
@@ -259,10 +271,7 @@ def measure_torch_adam_params_per_s(params: int) -> float:
     it runs well below the memory bandwidth that bounds it on a GPU."""
     import torch
 
-    weight = torch.nn.Parameter(torch.zeros(params))
-    weight.grad = torch.ones(params)
-    optimizer = torch.optim.AdamW([weight], lr=1e-4)
-    return params / median_seconds(optimizer.step, 3)
+    return optimizer_params_per_s(torch.optim.AdamW, params)
 
 
 @dataclass(frozen=True)

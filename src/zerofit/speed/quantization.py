@@ -199,8 +199,9 @@ def estimate_qlora_base(
     """GPU and host seconds one micro step's 4-bit base adds (zero for lora and full): the
     dequantizations' bytes (``dequantize_bytes_per_element`` each element written) and peft's
     clones over the device's memory bandwidth at the streaming share the adapters' elementwise
-    work uses (step_time.py ``adapter_elementwise_seconds``), and ``DEQUANTIZE_HOST_S_PER_CALL``
-    per dequantization. ``element_bytes``: the compute dtype's size on the device."""
+    work uses (step_time.py ``adapter_elementwise_seconds``), and the device's host seconds
+    per dequantization (``DeviceProfile.dequantize_host_s_per_call``). ``element_bytes``: the
+    compute dtype's size on the device."""
     if setup.finetuning != "qlora":
         return QloraBaseSeconds(0.0, 0.0)
     counted = count_dequantizations(setup, model, sequences)
@@ -209,14 +210,7 @@ def estimate_qlora_base(
     tokens = sequences * setup.seq_len
     hbm_bytes += passes * tokens * clone_bytes_per_token(model, setup, element_bytes)
     gpu_s = hbm_bytes / (device.memory_gbps * 1e9 * DECODE_HBM_EFFICIENCY)
-    return QloraBaseSeconds(gpu_s, counted.calls * device_host_s_per_call(device))
-
-
-def device_host_s_per_call(device: DeviceProfile) -> float:
-    """``DEQUANTIZE_HOST_S_PER_CALL`` on a catalog GPU; nothing on a device whose fixed host
-    costs are all left out (a measured CPU rank, speed/device.py ``cpu_profile``: its measured
-    rates are the whole claim)."""
-    return 0.0 if device.micro_step_overhead_s == 0 else DEQUANTIZE_HOST_S_PER_CALL
+    return QloraBaseSeconds(gpu_s, counted.calls * device.dequantize_host_s_per_call)
 
 
 def exposed_qlora_host_seconds(host_s: float, other_host_s: float, gpu_s: float) -> float:

@@ -49,7 +49,11 @@ from zerofit.speed.generation import (
     estimate_generation_time,
     scored_logit_positions,
 )
-from zerofit.speed.quantization import estimate_qlora_base, exposed_qlora_host_seconds
+from zerofit.speed.quantization import (
+    DEQUANTIZE_HOST_S_PER_CALL,
+    estimate_qlora_base,
+    exposed_qlora_host_seconds,
+)
 
 # Fitted per GPU generation (never per row), with the per-step costs below, by least squares over
 # a small grid (median |error| of the rows named):
@@ -333,6 +337,7 @@ def gpu_profile(gpu: GpuSpec, deepspeed_version: str = "0.19") -> DeviceProfile:
         recompute_host_s_per_layer=RECOMPUTE_HOST_S_PER_LAYER,
         link_efficiency=LINK_EFFICIENCY,
         memory_gib=gpu.memory_gib,
+        dequantize_host_s_per_call=DEQUANTIZE_HOST_S_PER_CALL,
     )
 
 
