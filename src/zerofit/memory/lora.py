@@ -139,13 +139,20 @@ def _is_outside(name: str) -> bool:
     return name in OUTSIDE_MODULES
 
 
-def adapter_params(model, rank: int, targets: str) -> int:
-    """Trainable parameters: r x (in + out) per targeted module, every decoder layer."""
-    total = 0
+def adapter_tensor_sizes(model, rank: int, targets: str) -> list[int]:
+    """Elements of every adapter tensor, A (r x in) then B (out x r) of each targeted module,
+    every decoder layer (the outside modules once): the trainable parameters one by one, as
+    ZeRO-3 partitions them."""
+    sizes = []
     for name, (fan_in, fan_out) in targeted_modules(model, targets).items():
         copies = 1 if _is_outside(name) else model.num_layers
-        total += copies * rank * (fan_in + fan_out)
-    return total
+        sizes += [rank * fan_in, rank * fan_out] * copies
+    return sizes
+
+
+def adapter_params(model, rank: int, targets: str) -> int:
+    """Trainable parameters: r x (in + out) per targeted module, every decoder layer."""
+    return sum(adapter_tensor_sizes(model, rank, targets))
 
 
 def count_trainable_params(model, setup) -> int | None:
@@ -158,8 +165,7 @@ def count_trainable_params(model, setup) -> int | None:
 
 def largest_adapter_tensor(model, rank: int, targets: str) -> int:
     """Elements of the biggest single A or B matrix (a for-loop optimizer's temporaries)."""
-    shapes = targeted_modules(model, targets).values()
-    return max(rank * max(fan_in, fan_out) for fan_in, fan_out in shapes)
+    return max(adapter_tensor_sizes(model, rank, targets))
 
 
 # --- the frozen base ----------------------------------------------------------------------------
@@ -708,17 +714,6 @@ def dequantized_weight_bytes(model, setup, a: int) -> int:
 
 
 # --- host RAM -------------------------------------------------------------------------------------
-def adapter_tensor_sizes(model, rank: int, targets: str) -> list[int]:
-    """Elements of every adapter tensor, A then B of each targeted module, every decoder layer
-    (the outside modules once): the trainable parameters one by one, as ZeRO-3 partitions
-    them."""
-    sizes = []
-    for name, (fan_in, fan_out) in targeted_modules(model, targets).items():
-        copies = 1 if _is_outside(name) else model.num_layers
-        sizes += [rank * fan_in, rank * fan_out] * copies
-    return sizes
-
-
 def adapter_host_bytes_per_rank(model, setup, b: int) -> int:
     """Host RAM one rank holds for offload with adapters: an offloaded optimizer holds only the
     trainable partition (``memory/pinned.py`` sizes its buffers, pinned or not); offloaded ZeRO-3
