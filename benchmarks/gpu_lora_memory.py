@@ -14,7 +14,7 @@ allocator term for reserved). ``--stack`` picks the training stack (a comma list
 - ``plain`` (the default; tests/data/gpu_lora_memory_h200.jsonl): a loop without autocast and
   ``torch.optim.AdamW(foreach=True)``, peft's fp32 adapters kept; one QLoRA case pair also runs
   peft's ``prepare_model_for_kbit_training`` first (every non-quantized parameter upcast to
-  fp32). Against zerofit's stage-0 ``accelerate`` estimate.
+  fp32). Against zerofit's stage-0 ``accelerate`` estimate without autocast.
 - ``autocast``: what the HF Trainer / TRL run on one GPU: forward and loss under bf16
   ``torch.autocast`` (accelerate's ``mixed_precision="bf16"``), ``clip_grad_norm_`` and the
   Trainer's default ``torch.optim.AdamW(fused=True)`` (``adamw_torch_fused``). LoRA keeps peft's
@@ -323,6 +323,7 @@ def estimate_setup(row: dict, bf16: bool):
         stack="accelerate",
         precision=dtype,
         weights_dtype=dtype,
+        autocast=False,  # the plain loop: peft's fp32 adapters compute in fp32
         optimizer="adamw_torch",
         **common,
     )

@@ -52,6 +52,7 @@ JSON_KEYS = [
     "optimizer",
     "loss_path",
     "weights_dtype",
+    "autocast",
     "outside_peak_gib",
     "safety_margin_gib",
     "gpu_need_gib",

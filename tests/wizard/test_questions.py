@@ -58,7 +58,21 @@ def test_order_follows_the_issue():
         "loss_kernel",
         "padding",
         "weights_dtype",
+        "autocast",
     ]
+
+
+def test_autocast_is_asked_only_when_it_changes_the_plan():
+    """A plain loop without autocast saves fp32 copies for peft's fp32 adapters: asked where
+    that moves the plan (a LoRA fine-tune of a 3B model on one L40S: the micro batch), not
+    where every answer gets the same plan (0.5B on one H100)."""
+    q = qmap()["autocast"]
+    assert q.when(answers()) is False
+    tight = answers(
+        gpu="L40S", model="qwen2.5-3b", seq_len=2048, finetuning="lora", weights_dtype="bf16"
+    )
+    assert q.when(tight) is True
+    assert q.convert("plain") is False and q.convert("autocast") is True
 
 
 def test_stack_is_asked_only_when_it_changes_the_plan():

@@ -64,6 +64,10 @@ _HELP = {
     "weights_dtype": "stage 0 without DeepSpeed: dtype the weights are loaded in, fp32 (default: "
     "TRL given a model name, our recipes) or bf16 (torch_dtype=bfloat16; Adam states and grads "
     "then are bf16 too)",
+    "autocast": "stage 0 without DeepSpeed: the forward runs under torch.autocast (default: the "
+    "HF Trainer, TRL, accelerate's mixed precision); --no-autocast for a plain PyTorch loop that "
+    "computes in the weights' dtype (bf16 weights: --weights-dtype bf16), where peft's fp32 "
+    "adapters then save fp32 copies of their inputs",
     "interconnect": "the GPUs' link inside a node: auto (default: the GPU's usual one, NVLink on "
     "SXM parts, PCIe on PCIe cards), nvlink, or pcie (the card's PCIe generation at x16: "
     "Gen5 64 GB/s per direction on Hopper/Blackwell, Gen4 32 on Ampere/Ada, Gen3 16 on "

@@ -78,6 +78,12 @@ class TrainSetup:
     ds_optimizer_block: bool = False  # the DeepSpeed JSON has an ``optimizer`` block
     loss_kernel: str | None = None  # None: the stack's own (losses.loss_path)
     precompute_ref: bool = False  # dpo: reference log-probs computed before training
+    # without DeepSpeed: the forward runs under torch.autocast (the HF Trainer's and accelerate's
+    # bf16/fp16 mixed precision); False: a plain loop that computes in the weights' own dtype
+    # (``compute_precision``), where peft's fp32 adapters then compute in fp32 (lora.py
+    # ``lora_path_bytes``). DeepSpeed's bf16/fp16 engines cast the module and never autocast,
+    # so under DeepSpeed it changes nothing.
+    autocast: bool = True
     vllm_gpu_memory_utilization: float | None = None  # grpo: colocated vLLM's share of the GPU
     steps_per_generation: int | None = None  # grpo: None = grad_accum (TRL default)
     interconnect: str = "nvlink"  # intra-node link, sizes NCCL's channels
@@ -152,6 +158,15 @@ class TrainSetup:
             # and the QLoRA recipes (torch_dtype=bfloat16): a frozen fp32 copy only costs memory
             return self.precision
         return self.weights_dtype or "fp32"
+
+    @property
+    def compute_precision(self) -> str:
+        """The dtype the step computes its activations in: the precision, except in a loop
+        without autocast and without DeepSpeed, which computes in the weights' dtype (bf16
+        weights: bf16 activations; fp32 weights: an fp32 step whatever the precision says)."""
+        if self.without_deepspeed and not self.autocast:
+            return self.weight_dtype
+        return self.precision
 
     @property
     def weight_bytes(self) -> int:
@@ -253,7 +268,7 @@ class StepSizes:
 
 def step_sizes(model, setup: TrainSetup) -> StepSizes:
     """The sizes of one step of ``setup`` on ``model``."""
-    compute_bytes = DTYPE_BYTES[setup.precision]
+    compute_bytes = DTYPE_BYTES[setup.compute_precision]
     weight_bytes = setup.weight_bytes
     # dpo: TRL concatenates chosen + rejected into one forward (DPOTrainer concatenated inputs)
     sequences = setup.micro_batch * (2 if setup.workload == "dpo" else 1)
@@ -338,7 +353,8 @@ def adapter_activation_bytes(
     one_layer = act.one_layer_bytes(
         model, compute, batch.micro_batch, batch.seq_len, batch.attention, residual, batch.padded
     )
-    temporaries = (residual * h + 2 * compute * model.intermediate_size) * tokens
+    temporaries = (residual * h + _mlp_backward_grads(model, setup) * compute
+                   * model.intermediate_size) * tokens
     casts, casts_in_backward = _adapter_autocast_casts(model, setup, sizes)
     stored = act.stored_activation_bytes(model, compute, batch, setup.gradient_checkpointing)
     stored += final_delta * tokens
@@ -358,6 +374,17 @@ def adapter_activation_bytes(
     return ActivationBytes(stored, in_backward, last_layer, casts, casts_in_backward)
 
 
+def _mlp_backward_grads(model, setup: TrainSetup) -> int:
+    """Intermediate-width grads the MLP's backward holds beyond the saved activations. ``act_fn(
+    gate) * up``'s backward makes two (one per operand) while the grad of its output is alive.
+    When ``down_proj``'s ``lora_A`` saved that output (a targeted ``down_proj``), the output is
+    freed by then and counted among the saved tensors: two beyond them. A frozen ``down_proj``
+    saves no input: all three are beyond them (probed: tests/memory/test_lora.py)."""
+    layer = lora.layer_linear_shapes(model)
+    targets = lora.targeted_modules(model, setup.lora_targets)
+    return 3 if "down_proj" in layer and "down_proj" not in targets else 2
+
+
 def _adapter_autocast_casts(model, setup: TrainSetup, sizes: StepSizes) -> tuple[int, int]:
     """Autocast's compute-dtype copies of fp32 weights with adapters, at the forward's end and
     in backward. Autocast caches casts of leaf tensors that require grad
@@ -367,6 +394,8 @@ def _adapter_autocast_casts(model, setup: TrainSetup, sizes: StepSizes) -> tuple
     and in backward also the recomputed layer's. A 4-bit base is dequantized per call instead
     (lora.dequantized_weight_bytes)."""
     compute = sizes.compute_bytes
+    if setup.without_deepspeed and not setup.autocast:
+        return 0, 0  # nothing is cast: every matmul runs in its operands' own dtype
     adapters = 0
     if setup.without_deepspeed and lora.adapter_element_bytes(setup, compute) > compute:
         if setup.precision != "fp32":
@@ -542,7 +571,7 @@ def _backward_phase(
             (activations.in_backward, activations.last_layer),
             activations.casts_in_backward,
         )
-    compute = DTYPE_BYTES[setup.precision]
+    compute = DTYPE_BYTES[setup.compute_precision]
     phase = _merge(resident, live, backward, {"activations": activations.in_backward})
     if activations.casts_in_backward:
         phase["autocast_weights"] = activations.casts_in_backward
@@ -572,7 +601,7 @@ def _adapter_backward(
     at the start of the layers' backward (every activation, the adapters' grads as they come)
     or at its end (the first layer's backward); QLoRA adds one dequantized weight
     (lora.dequantized_weight_bytes)."""
-    compute = DTYPE_BYTES[setup.precision]
+    compute = DTYPE_BYTES[setup.compute_precision]
     extra = {}
     tokens = setup.micro_batch * setup.seq_len * (2 if setup.workload == "dpo" else 1)
     dequantized = lora.dequantized_weight_peak_bytes(model, setup, compute, tokens)

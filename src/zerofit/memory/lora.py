@@ -375,9 +375,24 @@ def adapter_element_bytes(setup, compute_bytes: int) -> int:
     cast_adapter_dtype``), except that TRL casts a quantized model's adapters back to bf16 as the
     QLoRA paper does (``trl/trainer/sft_trainer.py`` ``SFTTrainer.__init__``, after
     ``get_peft_model``)."""
-    if not setup.without_deepspeed or setup.finetuning == "qlora":
+    if not setup.without_deepspeed:
+        return compute_bytes
+    if setup.finetuning == "qlora" and setup.autocast:
         return compute_bytes
     return FP32
+
+
+def lora_path_bytes(setup, compute_bytes: int) -> int:
+    """Element size of what the LoRA path saves for backward: ``lora_A``'s input and ``lora_B``'s
+    rank-r input. peft's ``Linear.forward`` (``peft/tuners/lora/layer.py``) casts ``x`` to the
+    adapters' dtype (``_cast_input_dtype``) before ``lora_B(lora_A(dropout(x)))``. Under
+    autocast ``F.linear`` casts it back to the compute dtype, and that copy is what ``lora_A``
+    saves; in a loop without autocast (``TrainSetup.autocast`` False) the matmuls run in the
+    adapters' dtype, so peft's fp32 adapters save an fp32 copy of the input and an fp32
+    intermediate."""
+    if setup.autocast or not setup.without_deepspeed:
+        return compute_bytes
+    return adapter_element_bytes(setup, compute_bytes)
 
 
 def adapter_resident_states(model, setup, b: int, buckets: dict) -> dict[str, int]:
@@ -517,7 +532,9 @@ def adapter_layer_delta_per_token(
       (``copies_each_input``); ``down_proj``'s input is saved only when it is targeted, and
       ``o_proj``'s is the attention kernel's output, saved anyway, unless copied per module;
     - dropout keeps a mask per targeted module (``mask_bytes`` per input element);
-    - ``lora_B`` saves the rank-r intermediate (``lora_A``'s output) of each targeted module.
+    - ``lora_B`` saves the rank-r intermediate (``lora_A``'s output) of each targeted module;
+    - the copies and the intermediate are in the LoRA path's dtype (``lora_path_bytes``): fp32
+      in a loop without autocast over peft's fp32 adapters.
     """
     from zerofit.memory.activations import LLAMA_NORMS, NORM_LAYOUTS
 
@@ -533,6 +550,7 @@ def adapter_layer_delta_per_token(
         if not _is_outside(name)
     }
     per_module = copies_each_input(setup, a) or residual != a
+    copy = lora_path_bytes(setup, a)
     for group, full_copies in (
         (ATTENTION_INPUT_GROUP, 3 if residual != a else 1),
         (MLP_INPUT_GROUP, 2 if residual != a else 1),
@@ -541,15 +559,20 @@ def adapter_layer_delta_per_token(
         if not chosen and any(name in layer_linear_shapes(model) for name in group):
             delta -= full_copies * a * h
         elif chosen:
-            delta += ((len(chosen) if per_module else 1) - full_copies) * a * h
+            saved = len(chosen) * copy if per_module else a
+            delta += (saved - full_copies * a) * h
     if "o_proj" in targets and copies_each_input(setup, a):
-        delta += a * heads * d
+        delta += copy * heads * d
     if "down_proj" in layer_linear_shapes(model) and "down_proj" not in targets:
         delta -= a * model.intermediate_size
+    elif "down_proj" in targets and copies_each_input(setup, a):
+        # the gated product itself is saved by nothing (``act_fn(gate) * up`` saves its
+        # operands): lora_A's copy takes its place, in the LoRA path's dtype
+        delta += (copy - a) * model.intermediate_size
     if setup.lora_dropout > 0:
         delta += mask_bytes * sum(fan_in for fan_in, _ in targets.values())
     delta += zero3_base_input_per_token(model, setup, a, residual)
-    return delta + a * setup.lora_rank * len(targets)
+    return delta + copy * setup.lora_rank * len(targets)
 
 
 # --- ZeRO-3's memory-efficient linear -------------------------------------------------------------

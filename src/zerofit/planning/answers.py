@@ -200,6 +200,9 @@ class Answers:
     host_ram_gib: Annotated[float, Number, Field(gt=0.0, le=MAX_HOST_RAM_GIB)] | None = None
     # stage 0 (no DeepSpeed): dtype the weights are loaded in; None: fp32 (TRL's and our recipes')
     weights_dtype: WeightsDtype | None = None
+    # stage 0 (no DeepSpeed): the forward runs under torch.autocast (the HF Trainer, TRL and
+    # accelerate with mixed precision); False: a plain loop computing in the weights' dtype
+    autocast: StrictBool = True
     # --- overrides of the planner's decisions
     stage: Annotated[int, Number, Field(ge=0, le=3)] | None = None
     offload_optimizer: OffloadDevice | None = None

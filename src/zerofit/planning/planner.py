@@ -399,6 +399,7 @@ def build_setup(
         gpu=inputs.gpu.key,
         padded=pads_batches(answers, micro_batch),
         weights_dtype=answers.weights_dtype,
+        autocast=answers.autocast,
         finetuning=answers.finetuning,
         lora_rank=answers.lora_rank,
         lora_targets=answers.lora_targets,

@@ -93,6 +93,9 @@ class EstimateReport:
     loss_path: str
     # stage 0 without DeepSpeed trains the weights in their load dtype (memory/states.py)
     weights_dtype: str | None
+    # stage 0 without DeepSpeed: the forward runs under torch.autocast (False: a plain loop in
+    # the weights' dtype; TrainSetup.autocast)
+    autocast: bool
     outside_peak_gib: dict[str, float]
     safety_margin_gib: float
     gpu_need_gib: float
@@ -253,6 +256,7 @@ def build_estimate_report(
         optimizer=estimate.optimizer,
         loss_path=estimate.loss_path,
         weights_dtype=setup.weight_dtype if setup.without_deepspeed else None,
+        autocast=setup.autocast or not setup.without_deepspeed,
         outside_peak_gib={name: round(value / GIB, 3) for name, value in outside.items()},
         safety_margin_gib=answers.safety_margin_gib,
         gpu_need_gib=round(check.gpu_need_gib, 3),

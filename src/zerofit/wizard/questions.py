@@ -400,6 +400,23 @@ def weights_dtype_matters(answers: dict) -> bool:
     return _changes_plan(answers, "weights_dtype", WEIGHTS_DTYPES)
 
 
+_AUTOCAST_TITLES = {
+    "autocast": "under torch.autocast (HF Trainer, TRL, accelerate with mixed precision)",
+    "plain": "a plain loop in the weights' dtype (no torch.autocast)",
+}
+
+
+def autocast_matters(answers: dict) -> bool:
+    """Ask whether the loop runs under autocast only when it changes the plan: without it a
+    plain loop computes in the weights' dtype, and peft's fp32 adapters save fp32 copies of
+    their inputs (memory/lora.py ``lora_path_bytes``)."""
+    return _changes_plan(answers, "autocast", (True, False))
+
+
+def _autocast_convert(value: str) -> bool:
+    return value == "autocast"
+
+
 _PADDING_TITLES = {
     "padded": "padded - each micro batch padded to its longest sequence (the usual collators)",
     "packed": "packed - packing, padding_free or equal-length rows (no padding)",
@@ -698,6 +715,16 @@ def training_stack_questions(base: Answers) -> tuple[Question, ...]:
             choices=tuple((n, _WEIGHTS_TITLES[n]) for n in WEIGHTS_DTYPES),
             convert=_fp32_is_the_default,
             label="weights dtype",
+        ),
+        Question(
+            "autocast",
+            "select",
+            "How does the loop run the forward (DDP without DeepSpeed; it changes the plan here)",
+            "autocast" if base.autocast else "plain",
+            when=autocast_matters,
+            choices=tuple((n, _AUTOCAST_TITLES[n]) for n in _AUTOCAST_TITLES),
+            convert=_autocast_convert,
+            label="autocast",
         ),
     )
 

@@ -153,7 +153,8 @@ def render_heading(report: EstimateReport) -> str:
     """The configuration in one line: model, GPUs, stage, micro batch, where the peak is."""
     stage = f"ZeRO-{report.stage}"
     if report.weights_dtype:
-        stage += f" (no DeepSpeed, {report.weights_dtype} weights)"
+        autocast = "" if report.autocast else ", no autocast"
+        stage += f" (no DeepSpeed, {report.weights_dtype} weights{autocast})"
     return (
         f"{report.model} on {report.world_size} x {report.gpu}: {stage}, "
         f"micro {report.micro_batch}, seq {report.seq_len}, peak in {report.peak_phase} "
