@@ -905,3 +905,18 @@ def test_plan_names_lora_and_qlora_when_a_full_fine_tune_does_not_fit():
     seconds = time.perf_counter() - started
     print(f"\n{hint}\ntwo adapter plans in {seconds:.2f} s")
     assert lora_plan.fits and seventy.fits and adapters_hint(lora_plan) is None
+
+
+def test_peft_default_targets_are_what_peft_adapts_without_target_modules():
+    """``--lora-targets peft-default`` is ``LoraConfig(target_modules=None)``: the same adapters
+    as the modules peft picks (counted on the real peft model), and a one-line error for an
+    architecture peft has no default for."""
+    pytest.importorskip("peft")
+    model = _peft(_model(), 8, None, 0.0)
+    peft_count = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    assert lora.peft_default_targets(_spec()) == "q_proj,v_proj"
+    assert lora.adapter_params(_spec(), 8, "peft-default") == peft_count
+    lora.check_lora_targets("peft-default")
+    olmo2 = dataclasses.replace(_spec(), architecture="olmo2")
+    with pytest.raises(ZerofitError, match="lora_targets: peft has no default targets"):
+        lora.targeted_modules(olmo2, "peft-default")

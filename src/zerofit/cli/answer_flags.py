@@ -85,7 +85,9 @@ _HELP = {
     "qlora (adapters on a bitsandbytes 4-bit NF4 base, double quantization)",
     "lora_rank": "lora/qlora: the adapters' rank r (default 16, TRL's lora_r)",
     "lora_targets": "lora/qlora: all-linear (default: every linear layer but the LM head), "
-    "attention (q/k/v/o), or module names as PEFT takes them, e.g. q_proj,v_proj",
+    "attention (q/k/v/o), peft-default (what peft adapts when LoraConfig gets no "
+    "target_modules: q_proj,v_proj for Llama, Qwen, Mistral, Gemma), or module names as PEFT "
+    "takes them, e.g. q_proj,v_proj",
     "lora_dropout": "lora/qlora: dropout on the adapters' input (default 0.05, TRL's; 0 keeps no "
     "mask or dropped copy)",
 }

@@ -30,7 +30,10 @@ from zerofit.errors import ZerofitError
 
 FINETUNING = ("full", "lora", "qlora")
 MAX_LORA_RANK = 4096
-TARGET_PRESETS = ("all-linear", "attention")
+# "peft-default": what peft targets when ``LoraConfig`` gets no ``target_modules`` (its table by
+# model_type, ``peft_default_targets``)
+PEFT_DEFAULT = "peft-default"
+TARGET_PRESETS = ("all-linear", "attention", PEFT_DEFAULT)
 # the decoder layer's linear layers as transformers names them (Llama, Qwen2/3, Mistral, Gemma)
 ATTENTION_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj")
 MLP_MODULES = ("gate_proj", "up_proj", "down_proj")
@@ -58,7 +61,8 @@ NF4_TENSOR_CONSTANTS = 16 * FP32 + 256 * FP32 + FP32
 
 
 def check_lora_targets(targets: str) -> None:
-    """``all-linear``, ``attention`` or a comma list of module names as PEFT takes them;
+    """``all-linear``, ``attention``, ``peft-default`` or a comma list of module names as PEFT
+    takes them;
     ZerofitError naming ``lora_targets`` otherwise."""
     if targets in TARGET_PRESETS:
         return
@@ -69,8 +73,33 @@ def check_lora_targets(targets: str) -> None:
         raise ZerofitError(
             "lora_targets",
             f"{shown!r} is not a module name",
-            "use all-linear, attention, or names such as q_proj,v_proj",
+            "use all-linear, attention, peft-default, or names such as q_proj,v_proj",
         )
+
+
+def peft_default_targets(model) -> str:
+    """The modules peft adapts when ``LoraConfig(target_modules=None)``, as a comma list: its
+    own table by the model's ``model_type`` (``peft/utils/constants.py``:
+    ``TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING``, read by ``LoraModel.
+    _prepare_adapter_config``): q_proj and v_proj for Llama, Qwen2/3, Mistral and Gemma. peft is
+    imported here only, where a user asks for its default."""
+    try:
+        from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING
+    except ImportError:
+        raise ZerofitError(
+            "lora_targets",
+            "peft-default reads peft's own table of default targets, and peft is not installed",
+            "pip install peft, or name the modules (e.g. q_proj,v_proj)",
+        ) from None
+    names = TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING.get(model.architecture)
+    if not names:
+        raise ZerofitError(
+            "lora_targets",
+            f"peft has no default targets for {model.architecture!r} (its LoraConfig then "
+            "asks for target_modules)",
+            "name the modules, or use all-linear",
+        )
+    return ",".join(names)
 
 
 def is_adapter(setup) -> bool:
@@ -107,6 +136,8 @@ def targeted_modules(model, targets: str) -> dict[str, tuple[int, int]]:
     layer = layer_linear_shapes(model)
     if targets == "all-linear":
         return dict(layer)
+    if targets == PEFT_DEFAULT:
+        targets = peft_default_targets(model)
     if targets == "attention":
         return {name: layer[name] for name in ATTENTION_MODULES}
     outside = {"lm_head": (model.hidden_size, model.vocab_size)}
