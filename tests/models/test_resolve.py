@@ -596,3 +596,26 @@ def _config_of(spec):
 
     fields = json.loads(spec.config_json)
     return AutoConfig.for_model(fields.pop("model_type"), **fields)
+
+
+def test_an_encoder_decoder_counts_its_seq2seq_lm_even_with_a_causal_lm_class(tmp_path):
+    """BART registers a causal LM too (``BartForCausalLM``: its decoder alone); fine-tuning
+    scripts load ``AutoModelForSeq2SeqLM``, encoder included, and that is what is counted."""
+    from transformers import BartConfig, BartForConditionalGeneration
+
+    config = BartConfig(
+        vocab_size=1000,
+        d_model=64,
+        encoder_layers=2,
+        decoder_layers=2,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        encoder_ffn_dim=128,
+        decoder_ffn_dim=128,
+        max_position_embeddings=128,
+    )
+    config.save_pretrained(tmp_path)
+    spec = resolve_model(str(tmp_path))
+    real = BartForConditionalGeneration(config)
+    assert spec.params == sum(p.numel() for p in real.parameters())
+    assert models.training_model_class(_config_of(spec)).__name__ == "AutoModelForSeq2SeqLM"

@@ -45,7 +45,7 @@ from zerofit.model_classes import training_auto_class
 # skipped and sdpa runs ``is_causal`` with ``enable_gqa``: sdpa_attention.use_gqa_in_sdpa)
 KERNEL_ATTENTION = "zerofit_kernel"
 # bump when what a trace records changes: older cache entries are then ignored
-TRACE_CACHE_VERSION = "4"  # 4: GPU dropout masks (bool)
+TRACE_CACHE_VERSION = "5"  # 5: encoder-decoders trace their seq2seq LM (BART)
 UNTRACEABLE = "untraceable"  # cached too: no reason to import transformers again to fail again
 # sequence lengths traced (any three distinct lengths solve C + L*s + Q*s*s exactly)
 TRACE_LENGTHS = (64, 128, 256)

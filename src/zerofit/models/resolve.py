@@ -82,8 +82,9 @@ _REQUIRED = (
     "vocab_size",
 )
 # bump when what a meta-device count records changes (2: T5 and DeBERTa-v2 counted with their
-# LM heads, T5's d_ff / d_kv read as its widths)
-_CACHE_VERSION = "2"
+# LM heads, T5's d_ff / d_kv read as its widths; 3: encoder-decoders counted as their seq2seq LM,
+# BART's encoder included)
+_CACHE_VERSION = "3"
 
 
 def count_params_analytic(config: dict, where: str = "config.json") -> dict | None:
