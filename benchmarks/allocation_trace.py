@@ -47,10 +47,11 @@ Run:  python benchmarks/allocation_trace.py --out /tmp/alloc_traces/traces.jsonl
 Each line: the case, ``events``, ``step_starts`` (the event index where each training step
 begins), ``teardown_start`` (from there: the case's release, every storage but cuBLAS's freed,
 then ``empty_cache``, as gpu_lora_memory.py's ``release`` does before its next case),
-``allocated_peak`` (the live bytes' peak over steps 2-3, each storage rounded up to 512 B,
-cuBLAS's workspaces included), ``record_seconds``, the measured row's ``max_allocated`` /
-``max_reserved`` where one matches, and with src/zerofit/memory/allocator.py present, its
-replay's ``sim_max_allocated`` / ``sim_max_reserved``.
+``workspace_keys`` (cuBLAS's), ``allocated_peak`` (the live bytes' peak over steps 2-3, each
+storage rounded up to 512 B, cuBLAS's workspaces included), ``record_seconds``, the measured
+row's peaks (``measured``) where one matches, and with src/zerofit/memory/allocator.py present
+its replays' (``simulate``): ``sim``, the case alone, and ``sim_in_process``, after the earlier
+cases of its stack in one process, as the measured rows ran.
 """
 
 from __future__ import annotations
@@ -386,6 +387,19 @@ def build_base_model(shape: dict):
     return AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
 
 
+def warm_up_allocator(model) -> None:
+    """transformers/modeling_utils.py ``caching_allocator_warmup``, which ``from_pretrained``
+    runs before loading onto a GPU: one fp16 tensor of the parameters' bytes (a tied weight
+    once), freed at once, so the caching allocator reserves them in one segment. In a fresh
+    process it takes the whole count; ``replay_case`` applies its rule for what earlier cases
+    left cached."""
+    import torch
+
+    byte_count = sum(param.numel() * param.element_size() for param in model.parameters())
+    warmup = torch.empty(byte_count // 2, dtype=torch.float16)
+    del warmup
+
+
 def load_in_checkpoint_order(model) -> None:
     """Each parameter copied in the order ``from_pretrained`` loads the saved checkpoint
     (transformers/core_model_loading.py ``convert_and_load_state_dict_in_model``: keys sorted by
@@ -448,6 +462,8 @@ def record_run(case: dict, shape: dict, workspaces: bool = True) -> dict:
     with fake_mode, gpu_emulation(fake_mode, recorder):
         model = build_base_model(shape)
         with recorder.recording():
+            warm_up_allocator(model)
+            warmup_key = recorder.events[-1][1]
             load_in_checkpoint_order(model)
             model = add_adapters(model, case)
             step, _trainable, _engine = gpu_lora_memory.build_step(model, case, shape, DEVICE)
@@ -461,7 +477,13 @@ def record_run(case: dict, shape: dict, workspaces: bool = True) -> dict:
         if key not in recorder.workspace_keys:
             recorder.free(key)
     recorder.events.append(("empty_cache", 0, 0))
-    return {"events": recorder.events, "step_starts": step_starts, "teardown_start": teardown_start}
+    return {
+        "events": recorder.events,
+        "step_starts": step_starts,
+        "teardown_start": teardown_start,
+        "workspace_keys": recorder.workspace_keys,
+        "warmup_key": warmup_key,
+    }
 
 
 def record_case(case: dict, shape: dict) -> list[Event]:
@@ -534,51 +556,132 @@ def measured_row(case: dict) -> dict | None:
     return None
 
 
-def simulated(events: list[Event]) -> dict:
-    """src/zerofit/memory/allocator.py's replay of ``events``, or {} where it is absent."""
+def allocator_class():
+    """src/zerofit/memory/allocator.py's ``CachingAllocator``, or None where it is absent."""
     try:
-        from zerofit.memory.allocator import replay
+        from zerofit.memory.allocator import CachingAllocator
     except ImportError:
-        return {}
-    stats = replay(events)
-    return {"sim_max_allocated": stats.max_allocated, "sim_max_reserved": stats.max_reserved}
+        return None
+    return CachingAllocator
+
+
+def warmup_bytes(allocator, byte_count: int) -> int:
+    """What ``caching_allocator_warmup`` allocates for ``byte_count`` parameter bytes given what
+    the allocator holds: the count less the reserved-but-unused bytes when that still exceeds
+    them, else nothing (unless over 1.5 GiB more is needed: then just past the unused bytes,
+    a case these models never reach)."""
+    unused = allocator.reserved - allocator.allocated
+    if byte_count - unused > unused:
+        return byte_count - unused
+    if byte_count - unused > 1.5 * 1024**3:
+        return unused + 1
+    return 0
+
+
+def replay_case(allocator, line: dict, key_offset: int = 0, skip: frozenset = frozenset()):
+    """Apply one case's events to ``allocator`` as gpu_lora_memory.py measures it: the peaks
+    reset after step 1 (``torch.cuda.reset_peak_memory_stats``) and read after step 3, then the
+    release. ``key_offset`` keeps the keys of cases replayed in one process apart; ``skip``:
+    keys whose alloc the process already made (cuBLAS's workspaces, taken once per handle).
+    The warm-up before loading (``warmup_key``) takes what ``warmup_bytes`` allows. Returns
+    what was held at the case's start and the peaks of its steps 2-3."""
+    start = {"start_allocated": allocator.allocated, "start_reserved": allocator.reserved}
+    events, step_2 = line["events"], line["step_starts"][1]
+    peaks = {}
+    for index, (kind, key, nbytes) in enumerate(events):
+        if index == step_2:
+            allocator.reset_peaks()
+        if index == line["teardown_start"]:
+            peaks = {
+                "max_allocated": allocator.max_allocated,
+                "max_reserved": allocator.max_reserved,
+            }
+        if kind != "empty_cache" and key in skip:
+            continue
+        if kind == "alloc" and key == line["warmup_key"]:
+            nbytes = warmup_bytes(allocator, nbytes) // 2 * 2  # torch.empty(count // 2, fp16)
+            if not nbytes:
+                skip = skip | {key}
+                continue
+        allocator.apply((kind, key + key_offset if kind != "empty_cache" else key, nbytes))
+    return {**start, **peaks}
+
+
+def simulate(lines: list[dict]) -> None:
+    """Add the simulator's peaks to each line: ``sim``, the case alone in a fresh process;
+    ``sim_in_process``, the cases of one stack replayed one after the other in one process, in
+    the order given, as gpu_lora_memory.py runs them (each later case starts from what the
+    earlier ones left cached after ``empty_cache``, their cuBLAS workspaces included). Nothing
+    where src/zerofit/memory/allocator.py is absent."""
+    allocator_type = allocator_class()
+    if allocator_type is None:
+        return
+    process: dict[str, tuple] = {}  # stack -> (allocator, next key offset)
+    for line in lines:
+        line["sim"] = replay_case(allocator_type(), line)
+        stack = line["case"]["stack"]
+        if stack not in process:
+            process[stack] = (allocator_type(), 0, frozenset())
+        allocator, offset, skip = process[stack]
+        line["sim_in_process"] = replay_case(allocator, line, offset, skip)
+        skip = frozenset(line["workspace_keys"])
+        process[stack] = (allocator, offset + len(line["events"]), skip)
 
 
 def trace_line(case: dict, shape: dict) -> dict:
     """One output line: the case's events, its step boundaries, its allocated peak over steps
-    2-3, how long it took, the measured row's peaks and the simulator's where present."""
+    2-3, how long it took to record, and the measured row's peaks."""
     began = time.perf_counter()
     run = record_run(case, shape)
-    seconds = round(time.perf_counter() - began, 1)
-    events = run["events"]
-    line = dict(case=case, **run, record_seconds=seconds)
-    line["allocated_peak"] = live_bytes_peak(events, run["step_starts"][1], run["teardown_start"])
+    line = dict(case=case, **run, record_seconds=round(time.perf_counter() - began, 1))
+    line["allocated_peak"] = live_bytes_peak(
+        run["events"], run["step_starts"][1], run["teardown_start"]
+    )
     row = measured_row(case) if shape is not model_shapes.TINY else None
     if row is not None:
         fields = ("max_allocated", "max_reserved", "start_allocated", "start_reserved", "gpu")
         line["measured"] = {field: row[field] for field in fields if field in row}
-    line.update(simulated(events[: run["teardown_start"]]))
     return line
 
 
+def mib(nbytes: int | None) -> str:
+    """``nbytes`` in MiB for the console, or a dash."""
+    return "-" if nbytes is None else f"{nbytes / 2**20:.0f}"
+
+
+def relative(value: int | None, measured: int | None) -> str:
+    """``value`` against ``measured`` in percent, or a dash."""
+    if value is None or not measured:
+        return "-"
+    return f"{value / measured - 1:+.2%}"
+
+
+SUMMARY_HEADER = (
+    "stack    ckpt  seq   events  rec_s | alloc: trace measured err | reserved: sim_alone "
+    "sim_in_process measured err_alone err_in_process | start_reserved: sim measured (MiB)"
+)
+
+
 def summary(line: dict) -> str:
-    """One line per case for the console: peaks in MiB, the trace's beside the measured."""
+    """One console line per case: the trace's allocated peak and the simulator's reserved
+    peaks beside the measured row's."""
     case, measured = line["case"], line.get("measured", {})
-    text = (
-        f"{case['stack']:8} ckpt={case['checkpointing']!s:5} seq={case['seq']:5} "
-        f"events={len(line['events']):7} {line['record_seconds']:6.1f}s "
-        f"trace_alloc={line['allocated_peak'] / 2**20:9.1f}"
-    )
-    if "max_allocated" in measured:
-        error = line["allocated_peak"] / measured["max_allocated"] - 1
-        text += f" measured={measured['max_allocated'] / 2**20:9.1f} ({error:+.2%})"
-    if "sim_max_reserved" in line and "max_reserved" in measured:
-        error = line["sim_max_reserved"] / measured["max_reserved"] - 1
-        text += (
-            f" sim_reserved={line['sim_max_reserved'] / 2**20:9.1f}"
-            f" measured={measured['max_reserved'] / 2**20:9.1f} ({error:+.2%})"
-        )
-    return text + " MiB"
+    alone, in_process = line.get("sim", {}), line.get("sim_in_process", {})
+    columns = [
+        f"{case['stack']:8} {case['checkpointing']!s:5} {case['seq']:5} {len(line['events']):7}",
+        f"{line['record_seconds']:6.1f} |",
+        mib(line["allocated_peak"]),
+        mib(measured.get("max_allocated")),
+        relative(line["allocated_peak"], measured.get("max_allocated")) + " |",
+        mib(alone.get("max_reserved")),
+        mib(in_process.get("max_reserved")),
+        mib(measured.get("max_reserved")),
+        relative(alone.get("max_reserved"), measured.get("max_reserved")),
+        relative(in_process.get("max_reserved"), measured.get("max_reserved")) + " |",
+        mib(in_process.get("start_reserved")),
+        mib(measured.get("start_reserved")),
+    ]
+    return " ".join(columns)
 
 
 def write_lines(path: Path, lines: list[dict]) -> None:
@@ -617,7 +720,11 @@ def main(argv: list[str] | None = None) -> None:
     for case in chosen:
         lines.append(trace_line(case, shape))
         write_lines(args.out, lines)
-        print(summary(lines[-1]), flush=True)
+    simulate(lines)
+    write_lines(args.out, lines)
+    print(SUMMARY_HEADER)
+    for line in lines:
+        print(summary(line))
 
 
 if __name__ == "__main__":
