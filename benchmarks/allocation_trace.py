@@ -35,9 +35,13 @@ emulated:
   frees inside the op);
 - dropout: CUDA's fused kernel, which keeps a bool mask (aten/src/ATen/native/Dropout.cpp
   ``is_fused_kernel_acceptable``; the CPU multiplies by a noise tensor of the input's dtype);
-- cuBLAS's workspace, taken from the caching allocator once per handle: at the forward's first
-  matmul and at the backward's (the autograd engine's device thread has its own handle), each
-  ``CUBLAS_WORKSPACE_BYTES``: the 69,206,016 B the measured rows hold beside their tensors.
+- cuBLAS's workspaces, taken from the caching allocator once per handle (per thread: the
+  forward's, and the autograd engine's device thread's for the backward) and kept
+  (aten/src/ATen/cuda/CublasHandlePool.cpp, memory/overheads.py): 32 MiB at the handle's first
+  matmul (``getCurrentCUDABlasHandle``), and 1 MiB for cuBLASLt at its first bias ``addmm``
+  (``getCUDABlasLtWorkspace``; torch's ``addmm_out_cuda_impl`` takes cuBLASLt's
+  ``gemm_and_bias`` for a 1-D bias); both handles' pairs are the 69,206,016 B the measured rows
+  hold beside their tensors.
 The autocast stack runs CPU autocast: for this model's ops (linear, matmul in bf16; the norms,
 rotary embedding and loss already upcast by transformers) its casts are CUDA autocast's, weight
 cast cache included. Not seen: other kernels' scratch inside one op (reductions' partial sums).
@@ -72,9 +76,10 @@ ROOT = Path(__file__).resolve().parents[1]
 PLAIN_RESULTS = ROOT / "tests" / "data" / "gpu_lora_memory_h200.jsonl"
 STACK_RESULTS = ROOT / "tests" / "data" / "gpu_lora_memory_h100_stacks.jsonl"
 BLOCK = 512  # c10/cuda/CUDACachingAllocator.cpp kMinBlockSize
-# cuBLAS's workspace on Hopper: the measured rows hold 69,206,016 B beside their tensors, two of
-# these (memory/overheads.py's cublas_workspace term)
-CUBLAS_WORKSPACE_BYTES = 34_603_008
+# cuBLAS's and cuBLASLt's workspaces per handle on Hopper (memory/overheads.py
+# CUBLAS_WORKSPACE_32MIB, CUBLASLT_WORKSPACE): the measured rows hold two pairs, 69,206,016 B
+CUBLAS_WORKSPACE_BYTES = 32 * 1024 * 1024
+CUBLASLT_WORKSPACE_BYTES = 1024 * 1024
 DEVICE = "cpu"  # the fake tensors' device; every storage recorded stands for a GPU one
 STEPS = 3
 MATMUL_OPS = ("mm", "addmm", "bmm", "baddbmm", "addbmm")
@@ -103,9 +108,9 @@ class AllocationRecorder:
     run and are never recorded.
     """
 
-    def __init__(self, workspace_bytes: int = CUBLAS_WORKSPACE_BYTES):
+    def __init__(self, workspaces: bool = True):
         self.events: list[Event] = []
-        self.workspace_bytes = workspace_bytes
+        self.workspaces = workspaces
         self.workspace_keys: list[int] = []
         self._key_of: dict[int, int] = {}  # id of the StorageImpl -> key
         self._bytes: dict[int, int] = {}  # key -> its current bytes
@@ -113,7 +118,9 @@ class AllocationRecorder:
         self._host: set[int] = set()  # ids of host storages
         self._host_depth = 0
         self._next_key = 0
-        self._workspace_in: set[str] = set()  # "forward" / "backward": handles that have one
+        # (thread, library) pairs that have their workspace: ("forward" | "backward",
+        # "cublas" | "cublaslt")
+        self._workspace_in: set[tuple[str, str]] = set()
 
     # --- events
     def allocate(self, nbytes: int) -> int:
@@ -187,7 +194,7 @@ class AllocationRecorder:
         self._refs[key] = weakref.ref(storage, lambda _ref, c=cdata, k=key: self._died(c, k))
 
     def op_done(self, func, args, kwargs, out) -> None:
-        """What one aten op left: its outputs, grown arguments, and cuBLAS's workspace."""
+        """What one aten op left: its outputs, grown arguments, and cuBLAS's workspaces."""
         import torch
         from torch.utils._pytree import tree_flatten
 
@@ -199,11 +206,22 @@ class AllocationRecorder:
             for tensor in tree_flatten((args, kwargs))[0]:
                 if isinstance(tensor, torch.Tensor):
                     self.track(tensor)
-        if name in MATMUL_OPS and outputs and self.workspace_bytes:
-            handle = "backward" if torch._C._current_graph_task_id() != -1 else "forward"
-            if handle not in self._workspace_in:
-                self._workspace_in.add(handle)
-                self.workspace_keys.append(self.allocate(self.workspace_bytes))
+        if name in MATMUL_OPS and outputs and self.workspaces:
+            self.cublas_workspaces(name, args)
+
+    def cublas_workspaces(self, name: str, args) -> None:
+        """The workspaces a matmul's thread takes on its first cuBLAS / cuBLASLt call, after
+        the op's output (the kernel asks its handle once the output exists)."""
+        import torch
+
+        thread = "backward" if torch._C._current_graph_task_id() != -1 else "forward"
+        needed = [("cublas", CUBLAS_WORKSPACE_BYTES)]
+        if name == "addmm" and args[0].dim() == 1:  # a bias: cuBLASLt's gemm_and_bias
+            needed.append(("cublaslt", CUBLASLT_WORKSPACE_BYTES))
+        for library, nbytes in needed:
+            if (thread, library) not in self._workspace_in:
+                self._workspace_in.add((thread, library))
+                self.workspace_keys.append(self.allocate(nbytes))
 
     @contextlib.contextmanager
     def recording(self):
@@ -238,8 +256,10 @@ def flash_attention_function():
 
     Forward (aten/src/ATen/native/transformers/cuda/attention.cu
     ``_scaled_dot_product_flash_attention_cuda`` -> flash_api.cpp ``mha_fwd``): the output in
-    the kernel's [batch, seq, heads, dim] layout, returned transposed, and the fp32 log-sum-exp
-    [batch, heads, seq]; both saved with the inputs. Backward (``mha_bwd``): dq, dk, dv like
+    the kernel's [batch, seq, heads, dim] layout, returned transposed, the fp32 log-sum-exp
+    [batch, heads, seq], and the philox seed and offset on the GPU (uint64 [2] and [], as
+    torch/_meta_registrations.py ``meta__scaled_dot_product_flash_attention`` gives them on
+    CUDA); all saved with the inputs. Backward (``mha_bwd``): dq, dk, dv like
     their inputs, then scratch freed inside the op: ``softmax_d`` fp32 [b, h, s_q rounded to
     128], ``dq_accum`` fp32 [b, s_q rounded, h, d rounded to 32], and under GQA
     ``dk_expanded`` / ``dv_expanded`` [b, s_k, h, d] in the inputs' dtype."""
@@ -251,12 +271,14 @@ def flash_attention_function():
             batch, heads, seq, head_dim = query.shape
             out = query.new_empty((batch, seq, heads, head_dim)).transpose(1, 2)
             logsumexp = query.new_empty((batch, heads, seq), dtype=torch.float32)
-            ctx.save_for_backward(query, key, value, out, logsumexp)
+            philox_seed = query.new_empty((2,), dtype=torch.uint64)
+            philox_offset = query.new_empty((), dtype=torch.uint64)
+            ctx.save_for_backward(query, key, value, out, logsumexp, philox_seed, philox_offset)
             return out
 
         @staticmethod
         def backward(ctx, grad_out):
-            query, key, value, _out, _logsumexp = ctx.saved_tensors
+            query, key, value = ctx.saved_tensors[:3]
             grads = [torch.empty_like(t) for t in (query, key, value)]
             batch, heads, seq_q, head_dim = query.shape
             seq_q_rounded = round_up(seq_q, 128)
@@ -456,7 +478,7 @@ def record_run(case: dict, shape: dict, workspaces: bool = True) -> dict:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     case = case_stack(case)
-    recorder = AllocationRecorder(CUBLAS_WORKSPACE_BYTES if workspaces else 0)
+    recorder = AllocationRecorder(workspaces)
     step_starts = []
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
     with fake_mode, gpu_emulation(fake_mode, recorder):
