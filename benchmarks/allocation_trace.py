@@ -51,10 +51,12 @@ Run:  python benchmarks/allocation_trace.py --out /tmp/alloc_traces/traces.jsonl
 Each line: the case, ``events``, ``step_starts`` (the event index where each training step
 begins), ``teardown_start`` (from there: the case's release, every storage but cuBLAS's freed,
 then ``empty_cache``, as gpu_lora_memory.py's ``release`` does before its next case),
-``workspace_keys`` (cuBLAS's), ``allocated_peak`` (the live bytes' peak over steps 2-3, each
-storage rounded up to 512 B, cuBLAS's workspaces included), ``record_seconds``, the measured
-row's peaks (``measured``) where one matches, and with src/zerofit/memory/allocator.py present
-its replays' (``simulate``): ``sim``, the case alone, and ``sim_in_process``, after the earlier
+``workspace_keys`` (cuBLAS's: key -> "thread/library"), ``warmup_key`` (the loading's warm-up),
+``allocated_peak`` (the live bytes' peak over steps 2-3, each storage rounded up to 512 B,
+cuBLAS's workspaces included: a lower bound of ``max_memory_allocated``, which counts a block
+the allocator did not split whole), ``record_seconds``, the measured row's peaks
+(``measured``) where one matches, and with src/zerofit/memory/allocator.py present its
+replays' (``simulate``): ``sim``, the case alone, and ``sim_in_process``, after the earlier
 cases of its stack in one process, as the measured rows ran.
 """
 
@@ -111,7 +113,8 @@ class AllocationRecorder:
     def __init__(self, workspaces: bool = True):
         self.events: list[Event] = []
         self.workspaces = workspaces
-        self.workspace_keys: list[int] = []
+        # key -> "forward/cublas" etc.: the workspaces, each taken once per process
+        self.workspace_keys: dict[int, str] = {}
         self._key_of: dict[int, int] = {}  # id of the StorageImpl -> key
         self._bytes: dict[int, int] = {}  # key -> its current bytes
         self._refs: dict[int, weakref.ref] = {}  # key (or host id) -> weak reference
@@ -221,7 +224,7 @@ class AllocationRecorder:
         for library, nbytes in needed:
             if (thread, library) not in self._workspace_in:
                 self._workspace_in.add((thread, library))
-                self.workspace_keys.append(self.allocate(nbytes))
+                self.workspace_keys[self.allocate(nbytes)] = f"{thread}/{library}"
 
     @contextlib.contextmanager
     def recording(self):
@@ -633,21 +636,21 @@ def simulate(lines: list[dict]) -> None:
     """Add the simulator's peaks to each line: ``sim``, the case alone in a fresh process;
     ``sim_in_process``, the cases of one stack replayed one after the other in one process, in
     the order given, as gpu_lora_memory.py runs them (each later case starts from what the
-    earlier ones left cached after ``empty_cache``, their cuBLAS workspaces included). Nothing
-    where src/zerofit/memory/allocator.py is absent."""
+    earlier ones left cached after ``empty_cache``, and takes no cuBLAS workspace its thread
+    already holds). Nothing where src/zerofit/memory/allocator.py is absent."""
     allocator_type = allocator_class()
     if allocator_type is None:
         return
-    process: dict[str, tuple] = {}  # stack -> (allocator, next key offset)
+    process: dict[str, tuple] = {}  # stack -> (allocator, next key offset, workspaces held)
     for line in lines:
         line["sim"] = replay_case(allocator_type(), line)
         stack = line["case"]["stack"]
-        if stack not in process:
-            process[stack] = (allocator_type(), 0, frozenset())
-        allocator, offset, skip = process[stack]
+        allocator, offset, held = process.get(stack, (allocator_type(), 0, set()))
+        workspaces = {int(key): name for key, name in line["workspace_keys"].items()}
+        skip = frozenset(key for key, name in workspaces.items() if name in held)
         line["sim_in_process"] = replay_case(allocator, line, offset, skip)
-        skip = frozenset(line["workspace_keys"])
-        process[stack] = (allocator, offset + len(line["events"]), skip)
+        held = held | set(workspaces.values())
+        process[stack] = (allocator, offset + len(line["events"]), held)
 
 
 def trace_line(case: dict, shape: dict) -> dict:

@@ -68,7 +68,9 @@ def test_a_tiny_case_is_a_consistent_trace(tiny_run):
             live[key] = nbytes
         elif kind == "free":
             del live[key]
-    assert sorted(live) == sorted(tiny_run["workspace_keys"])
+    workspaces = tiny_run["workspace_keys"]
+    assert sorted(live) == sorted(workspaces)
+    assert list(workspaces.values()) == ["forward/cublas", "forward/cublaslt", "backward/cublas"]
     cublas, cublaslt = BENCH.CUBLAS_WORKSPACE_BYTES, BENCH.CUBLASLT_WORKSPACE_BYTES
     assert list(live.values()) == [cublas, cublaslt, cublas]
     assert events[-1] == ("empty_cache", 0, 0)
