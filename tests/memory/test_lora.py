@@ -414,6 +414,26 @@ STEP_SHAPE = dict(
 )
 
 
+def plain_lora_step_setup(
+    micro: int, seq: int, checkpointing: bool, dtype: str, **more
+) -> TrainSetup:
+    """A plain loop's stage-0 LoRA setup (foreach AdamW, weights loaded in ``dtype``, no
+    dropout), as the whole-step probes run it."""
+    return TrainSetup(
+        stage=0,
+        stack="accelerate",
+        precision=dtype,
+        weights_dtype=dtype,
+        micro_batch=micro,
+        seq_len=seq,
+        gradient_checkpointing=checkpointing,
+        optimizer="adamw_torch",
+        finetuning="lora",
+        lora_dropout=0.0,
+        **more,
+    )
+
+
 @pytest.mark.parametrize("checkpointing", [False, True])
 def test_a_whole_lora_step_matches_torch(checkpointing):
     """A plain training loop's second step (forward + loss, backward, foreach AdamW) of a peft
@@ -429,18 +449,7 @@ def test_a_whole_lora_step_matches_torch(checkpointing):
         model.enable_input_require_grads()
     measured = _second_step_peak(model, torch.randint(0, STEP_SHAPE["vocab_size"], (micro, seq)))
     spec = spec_from_config({**SHAPE, **STEP_SHAPE, "model_type": "qwen2"}, "probe")
-    setup = TrainSetup(
-        stage=0,
-        stack="accelerate",
-        precision="fp32",
-        weights_dtype="fp32",
-        micro_batch=micro,
-        seq_len=seq,
-        gradient_checkpointing=checkpointing,
-        optimizer="adamw_torch",
-        finetuning="lora",
-        lora_dropout=0.0,
-    )
+    setup = plain_lora_step_setup(micro, seq, checkpointing, "fp32")
     est = estimate_memory(spec, setup)
     full = estimate_memory(spec, dataclasses.replace(setup, finetuning="full"))
     error = est.peak_bytes / measured - 1
@@ -473,19 +482,8 @@ def test_a_plain_bf16_lora_step_without_autocast_matches_torch(targets, checkpoi
     with fp32_kernels_for_emulated_bf16():
         measured = _second_step_peak(model, ids)
     spec = spec_from_config({**SHAPE, **STEP_SHAPE, "model_type": "qwen2"}, "probe")
-    setup = TrainSetup(
-        stage=0,
-        stack="accelerate",
-        precision="bf16",
-        weights_dtype="bf16",
-        autocast=False,
-        micro_batch=micro,
-        seq_len=seq,
-        gradient_checkpointing=checkpointing,
-        optimizer="adamw_torch",
-        finetuning="lora",
-        lora_targets=targets,
-        lora_dropout=0.0,
+    setup = plain_lora_step_setup(
+        micro, seq, checkpointing, "bf16", autocast=False, lora_targets=targets
     )
     est = estimate_memory(spec, setup)
     under_autocast = estimate_memory(spec, dataclasses.replace(setup, autocast=True))
