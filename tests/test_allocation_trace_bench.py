@@ -12,6 +12,13 @@ import json
 import pytest
 from conftest import load_benchmark
 
+from zerofit.memory.allocation_trace import (
+    CUBLAS_WORKSPACE_BYTES,
+    CUBLASLT_WORKSPACE_BYTES,
+    check_events,
+    live_bytes_peak,
+)
+
 BENCH = load_benchmark("allocation_trace")
 SHAPES = load_benchmark("model_shapes")
 
@@ -35,33 +42,13 @@ def tiny_run() -> dict:
     return BENCH.record_run(case, SHAPES.TINY)
 
 
-def test_the_recorder_sees_fake_storages_born_and_freed():
-    """Known allocations on fake tensors: a bf16 tensor is one alloc of its bytes, a view none,
-    an expression's temporaries are allocated and freed, and deleting the tensor frees it (the
-    weak reference on a fake storage fires)."""
-    import torch
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    recorder = BENCH.AllocationRecorder(workspaces=False)
-    with FakeTensorMode(), recorder.recording():
-        tensor = torch.empty(1000, dtype=torch.bfloat16)
-        view = tensor[:10]
-        assert recorder.events == [("alloc", 0, 2000)]
-        total = (tensor.float() * 2).sum()
-        del view, tensor, total
-    kinds = [kind for kind, _key, _nbytes in recorder.events]
-    assert kinds.count("alloc") == kinds.count("free") == 4
-    assert BENCH.check_events(recorder.events) == []
-    assert recorder.live_keys() == []
-
-
 def test_a_tiny_case_is_a_consistent_trace(tiny_run):
     """Every free and resize of the tiny case's trace names a live key, and after the release
     only cuBLAS's workspaces are alive: the forward's handle's cuBLAS and cuBLASLt ones (its
     first matmul is a biased q_proj), the backward's cuBLAS one (no biased addmm runs there
     without checkpointing)."""
     events = tiny_run["events"]
-    assert BENCH.check_events(events) == []
+    assert check_events(events) == []
     live: dict[int, int] = {}
     for kind, key, nbytes in events:
         if kind == "alloc":
@@ -71,7 +58,7 @@ def test_a_tiny_case_is_a_consistent_trace(tiny_run):
     workspaces = tiny_run["workspace_keys"]
     assert sorted(live) == sorted(workspaces)
     assert list(workspaces.values()) == ["forward/cublas", "forward/cublaslt", "backward/cublas"]
-    cublas, cublaslt = BENCH.CUBLAS_WORKSPACE_BYTES, BENCH.CUBLASLT_WORKSPACE_BYTES
+    cublas, cublaslt = CUBLAS_WORKSPACE_BYTES, CUBLASLT_WORKSPACE_BYTES
     assert list(live.values()) == [cublas, cublaslt, cublas]
     assert events[-1] == ("empty_cache", 0, 0)
 
@@ -89,18 +76,8 @@ def test_the_load_holds_the_parameters_in_checkpoint_order(tiny_run):
     assert events[2][2] == embedding
     steps = tiny_run["step_starts"]
     assert len(steps) == BENCH.STEPS and steps == sorted(steps)
-    peak = BENCH.live_bytes_peak(events, steps[1], tiny_run["teardown_start"])
-    assert peak > parameter_bytes + 2 * BENCH.CUBLAS_WORKSPACE_BYTES
-
-
-def test_check_events_names_a_broken_trace():
-    """The checker the tests rely on reports a free of a dead key and a resize of an unknown
-    one."""
-    broken = [("alloc", 0, 512), ("free", 0, 0), ("free", 0, 0), ("resize", 7, 10)]
-    assert BENCH.check_events(broken) == [
-        "event 2: free of key 0, not live",
-        "event 3: resize of key 7, never allocated",
-    ]
+    peak = live_bytes_peak(events, steps[1], tiny_run["teardown_start"])
+    assert peak > parameter_bytes + 2 * CUBLAS_WORKSPACE_BYTES
 
 
 def test_every_real_shape_case_has_its_measured_row():
@@ -118,8 +95,8 @@ def test_the_cli_writes_one_line_per_case(tmp_path, capsys):
     BENCH.main(["--tiny", "--cases", "0", "--out", str(out)])
     (line,) = [json.loads(text) for text in out.read_text().splitlines()]
     assert line["case"]["stack"] == "plain" and line["case"]["seq"] == 64
-    assert BENCH.check_events([tuple(event) for event in line["events"]]) == []
-    assert line["allocated_peak"] > 2 * BENCH.CUBLAS_WORKSPACE_BYTES
+    assert check_events([tuple(event) for event in line["events"]]) == []
+    assert line["allocated_peak"] > 2 * CUBLAS_WORKSPACE_BYTES
     assert "plain" in capsys.readouterr().out
 
 
