@@ -55,6 +55,7 @@ import contextlib
 import dataclasses
 import hashlib
 import json
+import logging
 import time
 import warnings
 import weakref
@@ -64,6 +65,10 @@ from importlib.metadata import PackageNotFoundError, version
 from zerofit.cache import cache_file, read_cache, store_in_cache
 from zerofit.hardware import compute_capability
 from zerofit.memory import overheads as oh
+from zerofit.memory.allocator import CachingAllocator
+from zerofit.memory.layer_trace import _fused_dropout, _model_config
+from zerofit.memory.lora import ATTENTION_MODULES, PEFT_DEFAULT
+from zerofit.model_classes import training_auto_class
 
 BLOCK = 512  # c10/cuda/CUDACachingAllocator.cpp kMinBlockSize
 # cuBLAS's and cuBLASLt's workspaces per handle on Hopper (memory/overheads.py)
@@ -361,13 +366,12 @@ def flash_attention_function():
     return FlashAttention
 
 
-def flash_sdpa(original=None):
+def flash_sdpa():
     """``F.scaled_dot_product_attention`` as it dispatches on an H100 / H200 for 16-bit
     attention without a mask: the flash kernel (``flash_attention_function``), which takes GQA's
     key/value heads as they are (transformers passes ``enable_gqa``). Under autocast the inputs
     are cast first, as CUDA autocast casts SDPA's (a patched Python function sees them before
-    the dispatcher does). Any other call would take another kernel: ``KernelNotEmulated``
-    (``original`` is kept for the caller that restores it)."""
+    the dispatcher does). Any other call would take another kernel: ``KernelNotEmulated``."""
     import torch
 
     flash = flash_attention_function()
@@ -388,16 +392,6 @@ def flash_sdpa(original=None):
         return flash.apply(query, key, value)
 
     return sdpa
-
-
-def fused_dropout(input, p=0.5, training=True, inplace=False):
-    """``F.dropout`` as CUDA runs it: the fused ``native_dropout`` kernel, its mask in bool
-    (memory/layer_trace.py ``_fused_dropout``)."""
-    import torch
-
-    if not training or p == 0:
-        return input
-    return torch.native_dropout(input, p, True)[0]
 
 
 def swap_forgetting_fakes(fake_mode, original):
@@ -441,30 +435,28 @@ def host_built_linear(recorder, original_init):
 @contextlib.contextmanager
 def gpu_emulation(fake_mode, recorder):
     """The GPU run's kernels and placements on fake CPU tensors, while inside: SDPA's flash
-    kernel, no mask tensor for unpacked sequences, CUDA's fused dropout, adapters built on the
-    host, and ``Module.to`` on fakes."""
+    kernel, no mask tensor for unpacked sequences, CUDA's fused dropout (memory/layer_trace.py
+    ``_fused_dropout``), adapters built on the host, and ``Module.to`` on fakes."""
     import torch
     import torch.nn.functional as functional
     from transformers import masking_utils
 
     saved = (
         functional.scaled_dot_product_attention,
-        functional.dropout,
         torch.utils.swap_tensors,
         torch.nn.Linear.__init__,
         masking_utils.find_packed_sequence_indices,
     )
-    functional.scaled_dot_product_attention = flash_sdpa(saved[0])
-    functional.dropout = fused_dropout
-    torch.utils.swap_tensors = swap_forgetting_fakes(fake_mode, saved[2])
-    torch.nn.Linear.__init__ = host_built_linear(recorder, saved[3])
-    masking_utils.find_packed_sequence_indices = unpacked_sequences(saved[4])
+    functional.scaled_dot_product_attention = flash_sdpa()
+    torch.utils.swap_tensors = swap_forgetting_fakes(fake_mode, saved[1])
+    torch.nn.Linear.__init__ = host_built_linear(recorder, saved[2])
+    masking_utils.find_packed_sequence_indices = unpacked_sequences(saved[3])
     try:
-        yield
+        with _fused_dropout():
+            yield
     finally:
         (
             functional.scaled_dot_product_attention,
-            functional.dropout,
             torch.utils.swap_tensors,
             torch.nn.Linear.__init__,
             masking_utils.find_packed_sequence_indices,
@@ -569,6 +561,8 @@ def _attention_support(setup) -> str | None:
 
 
 def _optimizer_support(setup) -> str | None:
+    """Why the setup's optimizer is not replayed (torch's AdamW, fused or foreach, is), or
+    None."""
     if setup.optimizer_impl not in OPTIMIZERS:
         return f"optimizer {setup.optimizer_impl} is not replayed ({', '.join(OPTIMIZERS)} are)"
     return None
@@ -628,15 +622,11 @@ def replay_fields(setup) -> dict:
 
 
 def _record_and_replay(model, setup, capacity: int | None, steps: int) -> ReplayedRun | None:
-    from zerofit.memory.allocator import CachingAllocator
-
     began = time.perf_counter()
     try:
         events, warmup_key = record_training_run(model, setup, steps)
-    except ImportError:
-        return None
-    except Exception:  # transformers and torch raise many types for what they cannot build or run
-        return None
+    except Exception:  # transformers, peft and torch raise many types for what they cannot build
+        return None  # or run, KernelNotEmulated included
     allocator = CachingAllocator(capacity=capacity)
     for kind, key, nbytes in events:
         if kind == "alloc" and key == warmup_key:
@@ -666,7 +656,6 @@ def cublas_bytes_per_handle(gpu: str | None) -> int | None:
 def record_training_run(model, setup, steps: int) -> tuple[list[Event], int]:
     """The allocator events of ``setup``'s run of ``model`` (load, adapters, ``steps`` training
     steps) and the key of the loading's allocator warm-up."""
-    import transformers
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     global recordings_made
@@ -674,24 +663,39 @@ def record_training_run(model, setup, steps: int) -> tuple[list[Event], int]:
     cublas = cublas_bytes_per_handle(setup.gpu)
     recorder = AllocationRecorder(workspaces=cublas is not None, cublas_bytes=cublas or 0)
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
+    with quiet_libraries(), fake_mode, gpu_emulation(fake_mode, recorder):
+        base = build_model(model.config_json, setup)
+        with recorder.recording():
+            warm_up_allocator(base)
+            warmup_key = recorder.events[-1][1]
+            load_in_checkpoint_order(base)
+            trained = prepare_for_training(base, setup, recorder)
+            step = build_training_step(trained, setup)
+            for _ in range(steps):
+                step()
+    return recorder.events, warmup_key
+
+
+@contextlib.contextmanager
+def quiet_libraries():
+    """While inside, what the libraries print about a run on fake tensors is kept from the
+    user: transformers' config sanity warnings, deprecation warnings (gradient checkpointing's
+    new name), and the fake mode's log of an op it cannot run (the run then fails and the
+    replay is None)."""
+    import transformers
+
     verbosity = transformers.logging.get_verbosity()
-    transformers.logging.set_verbosity_error()  # config sanity warnings are noise here
+    fake_log = logging.getLogger("torch._subclasses.fake_tensor")
+    level = fake_log.level
+    transformers.logging.set_verbosity_error()
+    fake_log.setLevel(logging.CRITICAL)
     try:
-        # deprecation warnings (gradient_checkpointing_enable's new name) are noise here too
-        with warnings.catch_warnings(), fake_mode, gpu_emulation(fake_mode, recorder):
+        with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            base = build_model(model.config_json, setup)
-            with recorder.recording():
-                warm_up_allocator(base)
-                warmup_key = recorder.events[-1][1]
-                load_in_checkpoint_order(base)
-                trained = prepare_for_training(base, setup, recorder)
-                step = build_training_step(trained, setup)
-                for _ in range(steps):
-                    step()
+            yield
     finally:
         transformers.logging.set_verbosity(verbosity)
-    return recorder.events, warmup_key
+        fake_log.setLevel(level)
 
 
 def build_model(config_json: str, setup):
@@ -701,8 +705,6 @@ def build_model(config_json: str, setup):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from zerofit.memory.layer_trace import _model_config
-    from zerofit.model_classes import training_auto_class
 
     config = _model_config(json.loads(config_json))
     if training_auto_class(config) is not AutoModelForCausalLM:
@@ -717,8 +719,6 @@ def build_model(config_json: str, setup):
 def peft_target_modules(targets: str):
     """``LoraConfig.target_modules`` for zerofit's ``lora_targets`` (memory/lora.py
     ``targeted_modules``): the presets, else the comma list's names."""
-    from zerofit.memory.lora import ATTENTION_MODULES, PEFT_DEFAULT
-
     if targets == "all-linear":
         return "all-linear"
     if targets == PEFT_DEFAULT:
