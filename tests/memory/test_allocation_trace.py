@@ -162,15 +162,28 @@ def test_what_is_not_emulated_gets_a_reason(fields, reason):
 
 
 def test_a_gpu_too_small_runs_out_of_memory():
-    """A capacity below what the run reserves sets ``out_of_memory``; one above it changes
-    nothing."""
+    """A capacity below what the run reserves sets ``out_of_memory`` (a recording of its own);
+    an 80 GiB GPU changes nothing, and its replay is the uncapped one read from the cache."""
     setup = tiny_setup(weights_dtype="bf16")
     free = replay_training_run(TINY, setup)
+    before = allocation_trace.recordings_made
+    roomy = replay_training_run(TINY, setup, capacity=80 * 2**30)
+    assert roomy == free and not roomy.out_of_memory
+    assert allocation_trace.recordings_made == before
     small = replay_training_run(TINY, setup, capacity=free.max_allocated // 2)
     assert small.out_of_memory
-    roomy = replay_training_run(TINY, setup, capacity=2 * free.max_reserved)
-    assert not roomy.out_of_memory
-    assert (roomy.max_allocated, roomy.max_reserved) == (free.max_allocated, free.max_reserved)
+    assert allocation_trace.recordings_made == before + 1
+
+
+def test_a_capped_recording_also_stores_the_uncapped_run():
+    """One recording serves both: after a capped call the uncapped one records nothing."""
+    setup = tiny_setup(weights_dtype="bf16", seq_len=128)
+    capped = replay_training_run(TINY, setup, capacity=2**20)
+    before = allocation_trace.recordings_made
+    uncapped = replay_training_run(TINY, setup)
+    assert allocation_trace.recordings_made == before
+    assert capped.out_of_memory and not uncapped.out_of_memory
+    assert uncapped.max_reserved > 2**20
 
 
 def test_a_second_call_reads_the_cache(monkeypatch):

@@ -576,7 +576,9 @@ def replay_training_run(model, setup, capacity: int | None = None, steps: int = 
     not supported (``replay_support``) or the model cannot be built or run on fake tensors.
     ``capacity``: the GPU's bytes; the replay then reports whether the run would run out.
     Cached on disk (``cache.py``: ``allocation_replays.json``) by the versions, the config, the
-    setup fields the run reads, ``capacity`` and ``steps``: a second call records nothing."""
+    setup fields the run reads, ``capacity`` and ``steps``: a second call records nothing. A
+    recording stores its run without a capacity too, and a capped call whose uncapped run fits
+    with the warm-up's headroom to spare reads that one (the allocator never reaches the cap)."""
     if replay_support(model, setup) is not None:
         return None
     packages = ["torch", "transformers"] + (["peft"] if setup.finetuning == "lora" else [])
@@ -585,19 +587,39 @@ def replay_training_run(model, setup, capacity: int | None = None, steps: int = 
     except PackageNotFoundError:
         return None
     path = cache_file("allocation_replays.json")
-    blob = json.dumps(
-        [REPLAY_CACHE_VERSION, versions, model.config_json, replay_fields(setup), capacity, steps]
-    )
-    key = hashlib.sha256(blob.encode()).hexdigest()
-    cached = read_cache(path).get(key)
+    cache = read_cache(path)
+    keys = {cap: _cache_key(versions, model, setup, cap, steps) for cap in (capacity, None)}
+    for cap in dict.fromkeys((capacity, None)):  # the capped entry first
+        entry = cache.get(keys[cap])
+        if entry == UNREPLAYABLE:
+            return None
+        run = _cached_run(entry)
+        if run is not None and (cap == capacity or _fits_uncapped(run, capacity)):
+            return run
+    runs = _record_and_replay(model, setup, capacity, steps)
+    for cap, key in keys.items():
+        store_in_cache(path, key, asdict(runs[cap]) if runs else UNREPLAYABLE)
+    return runs[capacity] if runs else None
+
+
+def _cache_key(versions: list[str], model, setup, capacity: int | None, steps: int) -> str:
+    blob = [REPLAY_CACHE_VERSION, versions, model.config_json, replay_fields(setup)]
+    return hashlib.sha256(json.dumps([*blob, capacity, steps]).encode()).hexdigest()
+
+
+def _cached_run(entry) -> ReplayedRun | None:
+    """The run a cache entry holds, or None (absent, or written by another version)."""
     names = {run_field.name for run_field in dataclasses.fields(ReplayedRun)}
-    if isinstance(cached, dict) and set(cached) == names:
-        return ReplayedRun(**cached)
-    if cached == UNREPLAYABLE:
-        return None
-    run = _record_and_replay(model, setup, capacity, steps)
-    store_in_cache(path, key, asdict(run) if run else UNREPLAYABLE)
-    return run
+    if isinstance(entry, dict) and set(entry) == names:
+        return ReplayedRun(**entry)
+    return None
+
+
+def _fits_uncapped(run: ReplayedRun, capacity: int) -> bool:
+    """The uncapped ``run`` is also the run on a GPU of ``capacity`` bytes: it never reserved
+    more, and the warm-up (at most its allocated peak) kept whole under ``warmup_bytes``'s
+    headroom."""
+    return run.max_reserved <= capacity and run.max_allocated <= capacity - WARMUP_HEADROOM
 
 
 def replay_fields(setup) -> dict:
@@ -621,12 +643,30 @@ def replay_fields(setup) -> dict:
     return dict(fields, weight_dtype=setup.weight_dtype, optimizer=setup.optimizer_impl)
 
 
-def _record_and_replay(model, setup, capacity: int | None, steps: int) -> ReplayedRun | None:
+def _record_and_replay(model, setup, capacity: int | None, steps: int) -> dict | None:
+    """The run recorded once and replayed with ``capacity`` and without one: {capacity: run,
+    None: run}; None when it cannot be recorded."""
     began = time.perf_counter()
     try:
         events, warmup_key = record_training_run(model, setup, steps)
     except Exception:  # transformers, peft and torch raise many types for what they cannot build
         return None  # or run, KernelNotEmulated included
+    runs = {}
+    for cap in dict.fromkeys((None, capacity)):
+        allocator = replay_events(events, warmup_key, cap)
+        runs[cap] = ReplayedRun(
+            max_allocated=allocator.max_allocated,
+            max_reserved=allocator.max_reserved,
+            out_of_memory=allocator.out_of_memory,
+            steps=steps,
+            seconds=round(time.perf_counter() - began, 2),
+        )
+    return runs
+
+
+def replay_events(events: list[Event], warmup_key: int, capacity: int | None):
+    """The caching allocator after ``events`` on a GPU of ``capacity`` bytes (None: unlimited),
+    the loading's warm-up as ``warmup_bytes`` sizes it in a fresh process."""
     allocator = CachingAllocator(capacity=capacity)
     for kind, key, nbytes in events:
         if kind == "alloc" and key == warmup_key:
@@ -634,13 +674,7 @@ def _record_and_replay(model, setup, capacity: int | None, steps: int) -> Replay
             if not nbytes:
                 continue
         allocator.apply((kind, key, nbytes))
-    return ReplayedRun(
-        max_allocated=allocator.max_allocated,
-        max_reserved=allocator.max_reserved,
-        out_of_memory=allocator.out_of_memory,
-        steps=steps,
-        seconds=round(time.perf_counter() - began, 2),
-    )
+    return allocator
 
 
 def cublas_bytes_per_handle(gpu: str | None) -> int | None:
