@@ -46,6 +46,15 @@ rotary embedding and loss already upcast by transformers) are CUDA autocast's, w
 included. Not seen: other kernels' scratch inside one op (reductions' partial sums), fp16's
 GradScaler (a few scalars).
 
+What it covers (``replay_support``): one GPU at stage 0 without DeepSpeed, sft, full fine-tuning
+or LoRA, SDPA / flash_attention_2 in 16-bit or eager attention, unpadded batches, torch's AdamW
+(fused or foreach). Padded batches are refused rather than emulated: SDPA then gets a 4-D mask
+and runs the memory-efficient kernel, whose backward scratch depends on the cutlass kernel picked
+for the GPU (attention_backward.cu ``_efficient_attention_backward``: ``delta``, the split-key
+workspace). QLoRA too: bitsandbytes' 4-bit weights cannot be faked. A model transformers builds
+as no causal LM, or whose run needs a kernel not emulated (a sliding-window mask, MoE experts'
+``_grouped_mm`` in fp32) or that peft refuses, replays as None.
+
 torch, transformers and peft are imported inside functions only.
 """
 
