@@ -102,7 +102,9 @@ Event = tuple[str, int, int]
 
 @dataclass(frozen=True)
 class ReplayedRun:
-    """A training run's replayed peaks, as ``torch.cuda`` would report them."""
+    """A training run's replayed peaks, as ``torch.cuda`` would report them. After an
+    out-of-memory the replay goes on without the blocks it could not get, so its peaks stop near
+    the capacity: the call without one gives what the run needs."""
 
     max_allocated: int  # torch.cuda.max_memory_allocated() over the whole run (load + steps)
     max_reserved: int  # torch.cuda.max_memory_reserved() over the whole run
