@@ -572,3 +572,54 @@ def test_a_zero3_lora_estimate_reads_memory_efficient_linear_from_the_json(capsy
         main(argv + ["--finetuning", "lora", "--ds-config", str(path), "--json"])
         peaks[efficient] = json.loads(capsys.readouterr().out)["peak_gib"]
     assert peaks[False] < peaks[True]
+
+
+def _tiny_qwen2_dir(tmp_path, vocab_size: int = 1000):
+    """A 2-layer Qwen2 config.json, as ``save_pretrained`` writes it."""
+    from transformers import Qwen2Config
+
+    Qwen2Config(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=vocab_size,
+    ).save_pretrained(tmp_path)
+    return str(tmp_path / "config.json")
+
+
+def test_replay_allocator_counts_the_replayed_reserved_memory(capsys, tmp_path):
+    """``--replay-allocator``: the run replayed through the caching allocator
+    (memory/allocation_trace.py) gives the reserved memory the verdict counts (peak plus the
+    allocator term equals the replay's max_memory_reserved); a setup it cannot replay keeps
+    the estimate and says why."""
+    base = ["estimate", "--model", _tiny_qwen2_dir(tmp_path), "--gpu", "H100-SXM"]
+    base += ["--stage", "0", "--finetuning", "lora", "--micro-batch", "2", "--seq-len", "256"]
+    base += ["--no-padding", "--json"]
+    plain = _json(capsys, base)
+    replayed = _json(capsys, base + ["--replay-allocator"])
+    replay = replayed["allocator_replay"]
+    assert plain["allocator_replay"] is None and replay["ran"] and replay["steps"] == 3
+    assert replay["max_reserved_gib"] >= replay["max_allocated_gib"] > 0
+    assert replay["max_allocated_gib"] == pytest.approx(replayed["peak_gib"], rel=0.03)
+    reserved = replayed["peak_gib"] + replayed["outside_peak_gib"]["allocator_fragmentation"]
+    assert reserved == pytest.approx(replay["max_reserved_gib"], abs=0.002)
+    assert main(base[:-1] + ["--replay-allocator"]) == 0
+    assert "allocator replay: max_memory_reserved" in capsys.readouterr().out
+    stage2 = _json(capsys, [*base, "--replay-allocator", "--stage", "2"])
+    assert stage2["allocator_replay"]["ran"] is False and "DeepSpeed" in (
+        stage2["allocator_replay"]["reason"]
+    )
+    assert stage2["peak_gib"] == _json(capsys, [*base, "--stage", "2"])["peak_gib"]
+
+
+def test_a_replay_that_runs_out_of_memory_does_not_fit(capsys, tmp_path):
+    """The replay runs on the GPU's memory: a run whose segments the allocator cannot get
+    there is judged not to fit (32k-entry logits of 16 x 4096 tokens on a 24 GB card)."""
+    argv = ["estimate", "--model", _tiny_qwen2_dir(tmp_path, vocab_size=32000)]
+    argv += ["--gpu", "RTX4090", "--stage", "0", "--micro-batch", "16", "--seq-len", "4096"]
+    argv += ["--no-padding", "--replay-allocator", "--json"]
+    report = _json(capsys, argv)
+    assert report["allocator_replay"]["out_of_memory"] is True
+    assert report["fits_gpu"] is False

@@ -64,6 +64,7 @@ JSON_KEYS = [
     "fits_host",
     "pin_memory",
     "cpu_gib_unpinned",
+    "allocator_replay",
     "from_files",
     "step_time_s",
     "tokens_per_s_per_gpu",

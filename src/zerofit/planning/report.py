@@ -109,6 +109,10 @@ class EstimateReport:
     # offload buffers page-locked (some offload block pins), and the host RAM without pinning
     pin_memory: bool
     cpu_gib_unpinned: float | None
+    # --replay-allocator: the caching allocator replayed over a fake-tensor trace of the run
+    # (memory/allocation_trace.py): "ran", and its max_memory_allocated / _reserved and
+    # out_of_memory, or why it did not run; None when not asked
+    allocator_replay: dict[str, Any] | None
     from_files: tuple[str, ...]  # inputs read from the user's config files
     # predicted speed, the run's length and the network they assume; --json prints its fields
     # at the top level, last, in ESTIMATE_SPEED_KEYS' order
@@ -202,12 +206,17 @@ def estimate_setup(
 
 
 def build_estimate_report(
-    answers: Answers, files: dict | None = None, model: Any = None
+    answers: Answers,
+    files: dict | None = None,
+    model: Any = None,
+    replay_allocator: bool = False,
 ) -> EstimateReport:
     """Estimate the configuration ``answers`` fix (see the module docstring for the defaults).
 
     ``files``: inputs read from the user's config files that are not Answers fields (buckets,
     overlap_comm, optimizer block, grad_accum); ``model`` skips resolving ``answers.model``.
+    ``replay_allocator``: replay the caching allocator over a trace of the run
+    (``with_allocator_replay``) where the setup allows it.
     """
     from zerofit.hardware import lookup
 
@@ -224,7 +233,12 @@ def build_estimate_report(
     inputs = plan_inputs(model, answers, gpu, precision, micro_batch * grad_accum)
     setup = estimate_setup(inputs, option, micro_batch, grad_accum, files)
     estimate = estimate_memory(model, setup)
+    replay = None
+    if replay_allocator:
+        estimate, replay = with_allocator_replay(model, setup, estimate, gpu.memory_gib)
     check = judge(estimate, inputs)
+    if replay and replay.get("out_of_memory"):
+        check = dataclasses.replace(check, gpu_fits=False)
     unpinned_cpu_gib, padding_gib = _unpinned_and_padding_gib(model, setup, estimate)
     outside = estimate.outside_bytes(gpu.memory_gib)
     return EstimateReport(
@@ -268,10 +282,49 @@ def build_estimate_report(
         fits_host=check.host_fits,
         pin_memory=setup.pins_offload,
         cpu_gib_unpinned=unpinned_cpu_gib,
+        allocator_replay=replay,
         from_files=tuple(sorted(key for key in files if key != "buckets"))
         + (("buckets",) if "buckets" in files else ()),
         speed=_speed_of(inputs, setup),
     )
+
+
+def with_allocator_replay(
+    model, setup: TrainSetup, estimate: MemoryEstimate, gpu_memory_gib: float
+) -> tuple[MemoryEstimate, dict[str, Any]]:
+    """The estimate with the caching allocator's fragmentation taken from a replay of the run
+    (memory/allocation_trace.py: the model loaded, its steps recorded on fake tensors at the
+    real shape, every allocation replayed through memory/allocator.py), and what the replay
+    showed. The reserved memory the verdict counts is then the replay's ``max_memory_reserved``
+    (the allocator term becomes what it holds beyond the estimated peak); the replay runs on a
+    GPU of the catalog's memory less the CUDA context, NCCL's and vLLM's shares, and running
+    out of memory there is a verdict of its own. Where the setup cannot be replayed the
+    estimate is unchanged and the reason is reported."""
+    from zerofit.memory.allocation_trace import replay_support, replay_training_run
+
+    reason = replay_support(model, setup)
+    if reason:
+        return estimate, {"ran": False, "reason": reason}
+    outside = estimate.outside_bytes(gpu_memory_gib)
+    others = sum(value for name, value in outside.items() if name != "allocator_fragmentation")
+    capacity = int(gpu_memory_gib * GIB) - others
+    run = replay_training_run(model, setup, capacity=capacity)
+    if run is None:
+        reason = (
+            "torch, transformers or peft is missing, or the model cannot be built on fake "
+            "tensors"
+        )
+        return estimate, {"ran": False, "reason": reason}
+    fragmentation = max(0, run.max_reserved - estimate.peak_bytes)
+    estimate = dataclasses.replace(estimate, allocator_bytes=fragmentation)
+    return estimate, {
+        "ran": True,
+        "max_allocated_gib": round(run.max_allocated / GIB, 3),
+        "max_reserved_gib": round(run.max_reserved / GIB, 3),
+        "out_of_memory": run.out_of_memory,
+        "steps": run.steps,
+        "seconds": round(run.seconds, 1),
+    }
 
 
 def _speed_of(inputs: PlanInputs, setup: TrainSetup) -> SpeedReport:

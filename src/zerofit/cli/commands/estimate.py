@@ -43,6 +43,13 @@ def register(sub) -> None:
     p.add_argument(
         "--accelerate-config", metavar="FILE", help="your accelerate YAML (flags override it)"
     )
+    p.add_argument(
+        "--replay-allocator",
+        action="store_true",
+        help="record the run (load + 3 steps) on fake tensors at the real shape and replay "
+        "PyTorch's CUDA caching allocator over it: the verdict then counts the reserved memory "
+        "the replay shows (stage 0 on one GPU, full or LoRA; seconds to a minute, cached)",
+    )
     p.add_argument("--json", action="store_true", help="print machine-readable JSON")
     p.set_defaults(func=run)
 
@@ -90,6 +97,7 @@ def report_from_files(
     ds_config: str | None = None,
     accelerate_config: str | None = None,
     base: dict | None = None,
+    replay_allocator: bool = False,
 ) -> EstimateReport:
     """The estimate of the user's own config files: what ``zerofit estimate --ds-config FILE
     --accelerate-config FILE`` reports.
@@ -98,6 +106,7 @@ def report_from_files(
     answers file's fields (the config files override them). The files fill stage, offload,
     precision, micro batch and processes where no flag names them, and hand the estimate what
     Answers does not hold (bucket sizes, overlap_comm, the optimizer block, grad accumulation).
+    ``replay_allocator``: ``--replay-allocator`` (planning/report.py ``with_allocator_replay``).
     """
     from zerofit.models.resolve import resolve_model
     from zerofit.planning.answers import answers_from_dict
@@ -112,7 +121,7 @@ def report_from_files(
         for name in _FILE_ANSWER_FIELDS:  # flags given on the command line win
             if name in files and flags.get(name) is None:
                 data[name] = files[name]
-    return build_estimate_report(answers_from_dict(data), files, model)
+    return build_estimate_report(answers_from_dict(data), files, model, replay_allocator)
 
 
 def estimate_from_files(
@@ -134,7 +143,9 @@ def run(args) -> int:
     flags = given_flags(args)
     # the measured network fills what no flag gives (and wins over the answers file)
     flags = {**cluster_facts_answers(getattr(args, "cluster_facts", None), flags), **flags}
-    report = report_from_files(flags, args.ds_config, args.accelerate_config, base)
+    report = report_from_files(
+        flags, args.ds_config, args.accelerate_config, base, args.replay_allocator
+    )
     if args.json:
         print(json.dumps(report.as_json(), indent=2))
         return 0
@@ -211,6 +222,21 @@ def render_speed(report: EstimateReport) -> str:
     return line + (f"\n{run}" if run else "")
 
 
+def render_allocator_replay(replay: dict) -> str:
+    """One line: what the caching allocator's replay of the run showed, or why it did not run."""
+    if not replay["ran"]:
+        return f"allocator replay: not run: {replay['reason']}"
+    line = (
+        f"allocator replay: max_memory_reserved {replay['max_reserved_gib']:.2f} GiB, "
+        f"max_memory_allocated {replay['max_allocated_gib']:.2f} GiB over loading and "
+        f"{replay['steps']} steps ({replay['seconds']:.0f} s); the verdict counts its reserved "
+        "memory"
+    )
+    if replay["out_of_memory"]:
+        line += "; the replayed allocator runs out of memory on this GPU"
+    return line
+
+
 def render_notes(report: EstimateReport) -> list[str]:
     """The verdict line, then the cautions that apply: a tight fit, padding, activations that
     are not this model's own layer or keep eager attention scores."""
@@ -218,6 +244,8 @@ def render_notes(report: EstimateReport) -> list[str]:
     from zerofit.planning.verdicts import estimate_verdict
 
     lines = [estimate_verdict(report)]
+    if report.allocator_replay is not None:
+        lines.append(render_allocator_replay(report.allocator_replay))
     load_note = quantized_load_note(report.peak_phase)
     if load_note:
         lines.append(load_note)
