@@ -918,3 +918,72 @@ def test_peft_default_targets_are_what_peft_adapts_without_target_modules():
     olmo2 = dataclasses.replace(_spec(), architecture="olmo2")
     with pytest.raises(ZerofitError, match="lora_targets: peft has no default targets"):
         lora.targeted_modules(olmo2, "peft-default")
+
+
+MOE_SHAPE = dict(
+    hidden_size=1024,
+    intermediate_size=2048,
+    moe_intermediate_size=512,
+    num_hidden_layers=2,
+    num_attention_heads=8,
+    num_key_value_heads=4,
+    head_dim=128,
+    num_experts=64,
+    num_experts_per_tok=8,
+    vocab_size=1000,
+)
+
+
+def test_all_linear_adapts_the_fused_experts_as_peft_does():
+    """transformers 5 keeps an MoE layer's experts as two 3D parameters; peft turns all-linear
+    into target_parameters for them (gate_up_proj at twice the rank): the adapters zerofit
+    counts are peft's own, on a real peft model of a small Qwen3-MoE."""
+    pytest.importorskip("peft")
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from zerofit.models.resolve import spec_from_config
+
+    shape = dict(MOE_SHAPE, hidden_size=64, intermediate_size=128, moe_intermediate_size=32)
+    shape.update(num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_experts=8)
+    config = AutoConfig.for_model("qwen3_moe", use_cache=False, **shape)
+    model = _peft(AutoModelForCausalLM.from_config(config), 4, "all-linear", 0.0)
+    peft_count = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    spec = spec_from_config({**shape, "model_type": "qwen3_moe"}, "moe")
+    assert lora.adapter_params(spec, 4, "all-linear") == peft_count
+    assert lora.expert_adapter_tensor_sizes(spec, 4, "attention") == []
+
+
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_fused_experts_keep_their_folded_weight_as_the_replayed_run_does(checkpointing):
+    """peft folds the adapters into each layer's whole expert weights on every forward and the
+    grouped matmuls keep them: the estimate's peak against the allocation replay of the real
+    transformers + peft run on fake tensors (memory/allocation_trace.py) at a shape where the
+    folded weights (201 MB a layer) outweigh the activations. Checkpointing is over by the
+    adapters' gradients of the first layer, which the estimate holds at the end of backward."""
+    pytest.importorskip("peft")
+    from zerofit.memory.allocation_trace import replay_training_run
+    from zerofit.models.resolve import spec_from_config
+
+    spec = spec_from_config({**MOE_SHAPE, "model_type": "qwen3_moe"}, "moe")
+    setup = TrainSetup(
+        stage=0,
+        stack="hf",
+        precision="bf16",
+        weights_dtype="bf16",
+        micro_batch=1,
+        seq_len=512,
+        gradient_checkpointing=checkpointing,
+        optimizer="adamw_torch_fused",
+        finetuning="lora",
+        lora_dropout=0.0,
+    )
+    run = replay_training_run(spec, setup)
+    est = estimate_memory(spec, setup)
+    error = est.peak_bytes / run.max_allocated - 1
+    print(f"MoE LoRA ckpt={checkpointing}: replay {run.max_allocated:,} estimate "
+          f"{est.peak_bytes:,} ({error:+.2%})")
+    assert lora.fused_expert_weight_bytes(spec, setup, 2) == 3 * 64 * 512 * 1024 * 2
+    if checkpointing:
+        assert 0 <= error <= 0.05
+    else:
+        assert est.peak_bytes == pytest.approx(run.max_allocated, rel=0.01)

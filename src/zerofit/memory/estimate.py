@@ -356,14 +356,18 @@ def adapter_activation_bytes(
     temporaries = (residual * h + _mlp_backward_grads(model, setup) * compute
                    * model.intermediate_size) * tokens
     casts, casts_in_backward = _adapter_autocast_casts(model, setup, sizes)
+    # the fused experts' folded weights, kept per layer, and their gradient in a layer's backward
+    expert_bytes = _expert_weight_bytes(setup, sizes)
+    experts = lora.fused_expert_weight_bytes(model, setup, expert_bytes)
+    expert_grad = lora.fused_expert_gradient_bytes(model, setup, expert_bytes)
     stored = act.stored_activation_bytes(model, compute, batch, setup.gradient_checkpointing)
     stored += final_delta * tokens
     if not setup.gradient_checkpointing:
-        stored += model.num_layers * layer_delta - first_layer
-        last_layer = one_layer + layer_delta - first_layer + temporaries
-        in_backward = stored - final + temporaries
+        stored += model.num_layers * (layer_delta + experts) - first_layer
+        last_layer = one_layer + layer_delta - first_layer + temporaries + experts + expert_grad
+        in_backward = stored - final + temporaries + expert_grad
         return ActivationBytes(stored, in_backward, last_layer, casts, casts_in_backward)
-    recompute = one_layer + layer_delta + temporaries
+    recompute = one_layer + layer_delta + temporaries + experts + expert_grad
     if residual == act.FP32:
         # fp32 norms: ``x.to(torch.float32)`` returns the layer's input itself, the checkpoint
         recompute -= act.FP32 * h * tokens
@@ -372,6 +376,12 @@ def adapter_activation_bytes(
         last_layer += act.padding_mask_bytes(batch.micro_batch, batch.seq_len, batch.attention)
     in_backward = stored - final + recompute
     return ActivationBytes(stored, in_backward, last_layer, casts, casts_in_backward)
+
+
+def _expert_weight_bytes(setup: TrainSetup, sizes: StepSizes) -> int:
+    """Element size of the experts' weights: DeepSpeed casts the module to the compute dtype,
+    without it they keep their load dtype."""
+    return sizes.weight_bytes if setup.without_deepspeed else sizes.compute_bytes
 
 
 def _mlp_backward_grads(model, setup: TrainSetup) -> int:

@@ -172,13 +172,69 @@ def _is_outside(name: str) -> bool:
 
 def adapter_tensor_sizes(model, rank: int, targets: str) -> list[int]:
     """Elements of every adapter tensor, A (r x in) then B (out x r) of each targeted module,
-    every decoder layer (the outside modules once): the trainable parameters one by one, as
-    ZeRO-3 partitions them."""
+    every decoder layer (the outside modules once), then the fused experts' adapters
+    (``expert_adapter_tensor_sizes``): the trainable parameters one by one, as ZeRO-3
+    partitions them."""
     sizes = []
     for name, (fan_in, fan_out) in targeted_modules(model, targets).items():
         copies = 1 if _is_outside(name) else model.num_layers
         sizes += [rank * fan_in, rank * fan_out] * copies
-    return sizes
+    return sizes + expert_adapter_tensor_sizes(model, rank, targets)
+
+
+# --- an MoE layer's fused experts -----------------------------------------------------------------
+def adapts_fused_experts(model, targets: str) -> bool:
+    """The adapters reach an MoE model's experts. transformers 5 keeps a layer's experts as two
+    3D parameters (``Qwen3MoeExperts``: ``gate_up_proj`` E x 2I x H, ``down_proj`` E x H x I),
+    no ``nn.Linear``; peft resolves ``all-linear`` against the experts' former per-expert
+    gate/up/down layers and turns them into ``target_parameters``
+    (``peft/utils/transformers_weight_conversion.py``: ``_convert_peft_config_moe``, for Mixtral,
+    Qwen2/3-MoE, DeepSeek-V2/V3, OLMoE, GLM-4-MoE and the others it maps). Named targets are
+    the attention's and the router's layers here, which leave the experts frozen."""
+    return model.num_experts > 0 and targets == "all-linear"
+
+
+def expert_adapter_tensor_sizes(model, rank: int, targets: str) -> list[int]:
+    """Elements of the fused experts' adapters, every layer: peft's ``ParamWrapper`` gives a 3D
+    parameter of E experts A (rank * E x in) and B (out x rank * E)
+    (``peft/tuners/lora/layer.py``: ``ParamWrapper.update_layer``), and gives ``gate_up_proj``
+    twice the rank, one r per fused projection (``_convert_peft_config_moe``'s
+    ``rank_pattern``). Every layer is counted as an MoE layer (DeepSeek's first dense layers are
+    not told apart: on the safe side)."""
+    if not adapts_fused_experts(model, targets):
+        return []
+    experts, inter, hidden = model.num_experts, model.moe_intermediate_size, model.hidden_size
+    gate_up_rank = 2 * rank
+    per_layer = [
+        gate_up_rank * experts * hidden,
+        2 * inter * gate_up_rank * experts,
+        rank * experts * inter,
+        hidden * rank * experts,
+    ]
+    return per_layer * model.num_layers
+
+
+def fused_expert_weight_bytes(model, setup, weight_bytes: int) -> int:
+    """One layer's experts as LoRA runs them: peft folds the adapters into the whole 3D weights
+    on every forward (``ParamWrapper._activate_lora``: ``_LoraFactorsProxy.forward`` is
+    ``torch.baddbmm(W, B, A)``, in W's dtype, cached for the layer's forward), and the experts'
+    grouped matmuls keep both folded weights (gate_up_proj and down_proj) for the input's
+    gradient. 0 unless the experts are adapted."""
+    if not adapts_fused_experts(model, setup.lora_targets):
+        return 0
+    experts, inter, hidden = model.num_experts, model.moe_intermediate_size, model.hidden_size
+    return 3 * experts * inter * hidden * weight_bytes
+
+
+def fused_expert_gradient_bytes(model, setup, weight_bytes: int) -> int:
+    """What a layer's backward adds beyond its saved folded weights: each folded weight's
+    gradient, whole, on the way to A and B. down_proj's (E x H x I) comes first, with every
+    weight still saved; gate_up_proj's (twice that) after down_proj's folded weight was freed
+    with its matmul's backward: E x H x I either way (checked against the allocation replay of
+    a real peft + transformers run, tests/memory/test_lora.py)."""
+    if not adapts_fused_experts(model, setup.lora_targets):
+        return 0
+    return model.num_experts * model.moe_intermediate_size * model.hidden_size * weight_bytes
 
 
 def adapter_params(model, rank: int, targets: str) -> int:
