@@ -565,7 +565,10 @@ def _attention_support(setup) -> str | None:
         return f"attention {setup.attention} is not replayed ({', '.join(ATTENTIONS)} are)"
     if setup.padded:
         # SDPA then gets a 4-D mask and runs the memory-efficient kernel on CUDA
-        return "padded batches run SDPA's memory-efficient kernel, which is not emulated"
+        return (
+            "padded batches run SDPA's memory-efficient kernel, which is not emulated "
+            "(--no-padding if your rows are packed or of equal length)"
+        )
     if setup.attention != "eager" and setup.compute_precision == "fp32":
         return f"{setup.attention} in fp32 runs the memory-efficient kernel, not emulated"
     return None
