@@ -153,7 +153,7 @@ def run_case(model, model_name: str, sweep_case: Case) -> dict:
     run = None if reason else replay_training_run(model, setup)
     row["seconds"] = round(time.perf_counter() - began, 1)
     if run is None:
-        return dict(row, skipped=reason or "the replay could not run this model")
+        return dict(row, skipped=reason or unrecorded_reason(model, setup))
     return dict(
         row,
         replay_allocated_bytes=run.max_allocated,
@@ -164,6 +164,23 @@ def run_case(model, model_name: str, sweep_case: Case) -> dict:
         reserved_error_pct=percent(row["estimate_reserved_bytes"], run.max_reserved),
         flagged=abs(percent(estimate.peak_bytes, run.max_allocated)) > FLAG_PERCENT,
     )
+
+
+def unrecorded_reason(model, setup: TrainSetup) -> str:
+    """Why a setup ``replay_support`` accepts still could not be recorded, for the causes the
+    sweep meets (allocation_trace.py swallows the exception; these are the ones it raised)."""
+    from zerofit.memory.lora import adapts_fused_experts
+
+    if setup.finetuning == "lora" and adapts_fused_experts(model, setup.lora_targets):
+        if setup.lora_dropout:
+            # peft/tuners/lora/layer.py ParamWrapper.__init__ raises ValueError: a real run
+            # fails the same way, so zerofit's estimate prices a setup peft refuses
+            return "peft refuses lora_dropout != 0 on fused MoE experts (ParamWrapper)"
+    if getattr(model, "num_experts", 0) and setup.compute_precision == "fp32":
+        return "MoE experts' _grouped_mm in fp32 is not emulated"
+    if getattr(model, "num_experts", 0) and setup.weight_dtype == "fp32":
+        return "MoE experts' _grouped_mm on fp32 weights is not emulated"
+    return "the replay could not record this model's run"
 
 
 def summary(setup: TrainSetup) -> str:

@@ -87,3 +87,15 @@ def test_every_sweep_setup_is_replayable():
     for sweep_case in cases:
         assert replay_support(model, BENCH.base_setup(**sweep_case.fields)) is None
     assert set(BENCH.QUICK_MODELS) <= set(BUILTIN_CONFIGS)
+
+
+def test_an_moe_lora_with_dropout_is_skipped_for_peft_s_refusal():
+    """peft refuses dropout on an MoE's fused experts (all-linear reaches them), so such a
+    row names that refusal rather than a vague failure; without dropout nothing is named."""
+    model = resolve_model("qwen3-30b-a3b")
+    with_dropout = BENCH.base_setup(**BENCH.LORA, **BENCH.HF)
+    assert "lora_dropout" in BENCH.unrecorded_reason(model, with_dropout)
+    no_dropout = BENCH.base_setup(**{**BENCH.LORA, "lora_dropout": 0.0}, **BENCH.HF)
+    assert BENCH.unrecorded_reason(model, no_dropout) == (
+        "the replay could not record this model's run"
+    )
