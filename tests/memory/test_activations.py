@@ -222,3 +222,30 @@ def test_boolean_mask_outlives_the_forward_only_under_checkpointing(checkpointin
 def _is_4d_bool_tensor(torch, obj) -> bool:
     # type() instead of isinstance(): isinstance on some torch module attributes warns
     return issubclass(type(obj), torch.Tensor) and obj.dtype == torch.bool and obj.dim() == 4
+
+
+@pytest.mark.parametrize(("dtype", "element_bytes"), [("bfloat16", 2), ("float32", 4)])
+def test_eager_attention_keeps_the_softmax_and_its_cast_only_when_they_differ(dtype, element_bytes):
+    """Eager attention saves its fp32 softmax and, in 16-bit, the ``.to(query.dtype)`` copy the
+    probs @ v matmul takes; in fp32 that ``.to`` is the softmax output itself, saved once
+    (activations.eager_scores_bytes), traced on transformers' modules without autocast."""
+    torch = pytest.importorskip("torch")
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    config = AutoConfig.for_model(
+        "qwen2", attn_implementation="eager", use_cache=False, **TINY_DECODER
+    )
+    model = AutoModelForCausalLM.from_config(config).to(getattr(torch, dtype)).train()
+    inputs = {"input_ids": torch.randint(0, 2000, (2, 64))}
+
+    def forward():
+        hidden = model.model(**inputs).last_hidden_state
+        model.lm_head(hidden)
+
+    traced = saved_tensor_bytes(model, forward)
+    scores = act.eager_scores_bytes(TINY, element_bytes, 2, 64)
+    assert scores == 2 * 4 * 64 * 64 * (4 + (2 if element_bytes == 2 else 0))
+    batch = act.LayerBatch(2, 64, "eager")
+    predicted = act.stored_activation_bytes(TINY, element_bytes, batch, False)
+    assert predicted == pytest.approx(traced, rel=0.03)

@@ -77,15 +77,6 @@ def test_check_events_names_a_broken_trace():
     ]
 
 
-ESTIMATE_GAP = (
-    "the estimate counts every layer's bf16 weight copy (autocast_weights) at the loss's "
-    "peak; under checkpointing only the LM head's is alive there (the layers' copies are not "
-    "saved, and autocast's cache is cleared when the forward leaves autocast)"
-)
-EAGER_FP32_GAP = (
-    "activations.eager_scores_bytes counts the fp32 softmax and its cast to the compute "
-    "dtype; in fp32 that cast is a no-op, so one score tensor per layer is counted twice"
-)
 AGREEING = [
     pytest.param(
         dict(finetuning=finetuning, gradient_checkpointing=ckpt, autocast=autocast),
@@ -102,15 +93,16 @@ OTHERS = [
     pytest.param(dict(finetuning="full", grad_accum=2, stack="accelerate"), id="full-accum2"),
     pytest.param(dict(finetuning="full", weights_dtype="fp32"), id="full-fp32-autocast"),
     pytest.param(dict(finetuning="lora", weights_dtype="fp32"), id="lora-fp32-autocast"),
+    # at the loss's backward only the LM head's bf16 weight copy is alive: the checkpointed
+    # layers save none, and autocast's cache is emptied when the forward leaves autocast
     pytest.param(
         dict(finetuning="full", weights_dtype="fp32", gradient_checkpointing=True),
         id="full-fp32-autocast-ckpt",
-        marks=pytest.mark.xfail(reason=ESTIMATE_GAP, strict=True),
     ),
+    # fp32 eager attention keeps one score tensor a layer: the softmax's cast to fp32 is none
     pytest.param(
         dict(finetuning="full", weights_dtype="fp32", autocast=False, attention="eager"),
         id="full-fp32-eager",
-        marks=pytest.mark.xfail(reason=EAGER_FP32_GAP, strict=True),
     ),
 ]
 

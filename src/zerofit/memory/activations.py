@@ -173,8 +173,13 @@ def mlp_bytes_per_token(model, a: int) -> int:
 
 def eager_scores_bytes(model, a: int, micro_batch: int, seq_len: int) -> int:
     """Eager attention's s*s tensors kept per layer: fp32 softmax output (saved by softmax)
-    and its cast to the compute dtype (saved by the probs @ v matmul)."""
-    return micro_batch * model.num_heads * seq_len * seq_len * (FP32 + a)
+    and its cast to the compute dtype (saved by the probs @ v matmul). In fp32 there is no cast:
+    ``softmax(..., dtype=torch.float32).to(query.dtype)`` (transformers' models/llama/
+    modeling_llama.py: ``eager_attention_forward``) returns the softmax output itself when the
+    dtypes match (``Tensor.to`` aliases, aten/src/ATen/native/TensorConversions.cpp:
+    ``to_will_alias``), so the matmul saves the tensor softmax already keeps."""
+    cast = a if a != FP32 else 0
+    return micro_batch * model.num_heads * seq_len * seq_len * (FP32 + cast)
 
 
 def scores_bytes(
@@ -222,9 +227,19 @@ def logits_peak_bytes_per_token(model, a: int) -> int:
     v = model.vocab_size
     if getattr(model, "architecture", "") in LOSS_IN_COMPUTE_DTYPE:
         return 3 * a * v
-    forward = a * v + (FP32 * v if a != FP32 else 0) + FP32 * v
     backward = 3 * FP32 * v
-    return max(forward, backward)
+    return max(logits_forward_bytes_per_token(model, a), backward)
+
+
+def logits_forward_bytes_per_token(model, a: int) -> int:
+    """What the loss path holds per scored token inside the forward, at ``log_softmax``: the
+    logits (a V), their ``.float()`` copy (none when they are fp32 already) and the fp32
+    log_softmax output (4V each); 2 x a V for LOSS_IN_COMPUTE_DTYPE (``logits_peak_bytes_per_
+    token`` adds the backward's moment)."""
+    v = model.vocab_size
+    if getattr(model, "architecture", "") in LOSS_IN_COMPUTE_DTYPE:
+        return 2 * a * v
+    return a * v + (FP32 * v if a != FP32 else 0) + FP32 * v
 
 
 def padded_attention_bytes(

@@ -298,8 +298,10 @@ class ActivationBytes:
     stored: int  # saved by the forward for backward
     in_backward: int  # while the layers' backward runs: stored + recompute or temporaries
     last_layer: int  # the first layer's backward, at the end of backward
-    casts: int  # autocast's copies of fp32 weights during the forward
+    casts: int  # autocast's copies of fp32 weights alive at the forward's end, inside autocast
     casts_in_backward: int  # those of them still saved in backward
+    # those alive once the forward has left autocast (its cache emptied), at the loss's backward
+    casts_after_forward: int
 
 
 def activation_bytes(model, setup: TrainSetup, sizes: StepSizes) -> ActivationBytes:
@@ -312,8 +314,10 @@ def activation_bytes(model, setup: TrainSetup, sizes: StepSizes) -> ActivationBy
     if lora.is_adapter(setup):
         return adapter_activation_bytes(model, setup, sizes, batch)
     stored = act.stored_activation_bytes(model, compute, batch, setup.gradient_checkpointing)
-    # fp32 weights under autocast: the cast copies live from the forward until autocast exits,
-    # and stay saved for backward unless checkpointing drops them (recomputed one layer a time)
+    # fp32 weights under autocast: autocast caches each weight's cast (a leaf that requires grad,
+    # aten/src/ATen/autocast_mode.cpp: cached_cast) until the forward leaves autocast, which
+    # empties the cache (torch/amp/autocast_mode.py: autocast.__exit__ calls
+    # torch.clear_autocast_cache()); the casts the matmuls saved for backward outlive it
     casts = st.autocast_weight_bytes(model, compute) if sizes.weight_bytes > compute else 0
     if setup.gradient_checkpointing:
         recompute = act.recompute_bytes(model, compute, batch)
@@ -322,13 +326,19 @@ def activation_bytes(model, setup: TrainSetup, sizes: StepSizes) -> ActivationBy
         last_layer = recompute + residual * model.hidden_size * tokens
         if setup.padded:
             last_layer += act.padding_mask_bytes(sequences, setup.seq_len, setup.attention)
-        # lm_head is outside the checkpointed layers: its weight's cast stays saved
-        lm_head = model.vocab_size * model.hidden_size
-        casts_in_backward = (lm_head + st.layer_params(model)) * compute if casts else 0
-        return ActivationBytes(stored, stored + recompute, last_layer, casts, casts_in_backward)
+        # a checkpointed layer saves only its input, not its casts: after the forward only the
+        # LM head's (outside the layers, saved by its matmul) is alive. In backward each layer's
+        # recompute casts its weights again under the autocast state the checkpoint restores
+        # (torch/utils/checkpoint.py: recompute_fn), and its matmuls save them for its backward
+        lm_head = model.vocab_size * model.hidden_size * compute if casts else 0
+        casts_in_backward = lm_head + st.layer_params(model) * compute if casts else 0
+        return ActivationBytes(
+            stored, stored + recompute, last_layer, casts, casts_in_backward, lm_head
+        )
     temporaries = act.batch_backward_temporaries_bytes(model, compute, batch)
     one_layer = act.layer_batch_bytes(model, compute, batch)
-    return ActivationBytes(stored, stored + temporaries, one_layer + temporaries, casts, casts)
+    last_layer = one_layer + temporaries
+    return ActivationBytes(stored, stored + temporaries, last_layer, casts, casts, casts)
 
 
 def adapter_activation_bytes(
@@ -366,7 +376,7 @@ def adapter_activation_bytes(
         stored += model.num_layers * (layer_delta + experts) - first_layer
         last_layer = one_layer + layer_delta - first_layer + temporaries + experts + expert_grad
         in_backward = stored - final + temporaries + expert_grad
-        return ActivationBytes(stored, in_backward, last_layer, casts, casts_in_backward)
+        return ActivationBytes(stored, in_backward, last_layer, casts, casts_in_backward, casts)
     recompute = one_layer + layer_delta + temporaries + experts + expert_grad
     if residual == act.FP32:
         # fp32 norms: ``x.to(torch.float32)`` returns the layer's input itself, the checkpoint
@@ -375,7 +385,7 @@ def adapter_activation_bytes(
     if setup.padded:
         last_layer += act.padding_mask_bytes(batch.micro_batch, batch.seq_len, batch.attention)
     in_backward = stored - final + recompute
-    return ActivationBytes(stored, in_backward, last_layer, casts, casts_in_backward)
+    return ActivationBytes(stored, in_backward, last_layer, casts, casts_in_backward, casts)
 
 
 def _expert_weight_bytes(setup: TrainSetup, sizes: StepSizes) -> int:
@@ -429,17 +439,8 @@ def estimate_memory(model, setup: TrainSetup) -> MemoryEstimate:
     live = {"live_params": _live_params(model, setup, sizes)}
     activations = activation_bytes(model, setup, sizes)
     backward, step = _gradient_buffers(model, setup, sizes)
-    loss_bytes = losses.train_loss_bytes(sizes.loss_path, model, compute, sizes.logit_tokens)
-    loss_bytes -= _frozen_head_grad_bytes(model, setup, sizes)
     phases: dict[str, dict[str, int]] = {}
-    phases["forward"] = {
-        **resident,
-        **live,
-        "activations": activations.stored,
-        "logits": loss_bytes,
-    }
-    if activations.casts:
-        phases["forward"]["autocast_weights"] = activations.casts
+    phases["forward"] = _forward_phase(model, setup, sizes, resident, live, activations)
     phases["backward"] = _backward_phase(model, setup, resident, live, backward, activations)
     phases["step"] = _merge(resident, step)
     if setup.uses_reference:
@@ -483,6 +484,46 @@ def estimate_memory(model, setup: TrainSetup) -> MemoryEstimate:
             model, compute, setup.attention, sizes.residual_bytes
         ),
     )
+
+
+def _forward_phase(
+    model,
+    setup: TrainSetup,
+    sizes: StepSizes,
+    resident: dict,
+    live: dict,
+    activations: ActivationBytes,
+) -> dict[str, int]:
+    """The end of the forward and the start of its backward: the stored activations and the
+    loss path's largest moment (``losses.train_loss_bytes``), with the autocast casts alive
+    then. Autocast's cache is emptied when the forward leaves autocast, so the loss's backward
+    holds only the casts saved for backward; where those are fewer (checkpointing), the moment
+    inside autocast, every cached cast with the loss's forward tensors, may be the larger."""
+    compute = sizes.compute_bytes
+    loss_bytes = losses.train_loss_bytes(sizes.loss_path, model, compute, sizes.logit_tokens)
+    loss_bytes -= _frozen_head_grad_bytes(model, setup, sizes)
+    stored = {**resident, **live, "activations": activations.stored}
+    at_loss = {**stored, "logits": loss_bytes}
+    if activations.casts_after_forward:
+        at_loss["autocast_weights"] = activations.casts_after_forward
+    if activations.casts_after_forward == activations.casts:
+        return at_loss
+    in_autocast = {
+        **stored,
+        "logits": _loss_forward_bytes(model, sizes, loss_bytes),
+        "autocast_weights": activations.casts,
+    }
+    return max(at_loss, in_autocast, key=lambda parts: sum(parts.values()))
+
+
+def _loss_forward_bytes(model, sizes: StepSizes, loss_bytes: int) -> int:
+    """What the loss path holds inside the forward: transformers' loss on the full logits
+    (``activations.logits_forward_bytes_per_token``); the other paths' whole ``loss_bytes``,
+    their forward and backward not told apart here (an upper bound)."""
+    if sizes.loss_path != "hf":
+        return loss_bytes
+    per_token = act.logits_forward_bytes_per_token(model, sizes.compute_bytes)
+    return per_token * sizes.logit_tokens
 
 
 def _live_params(model, setup: TrainSetup, sizes: StepSizes) -> int:
