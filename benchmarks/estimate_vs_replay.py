@@ -30,6 +30,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 
+from zerofit.errors import ZerofitError
 from zerofit.memory.allocation_trace import replay_support, replay_training_run
 from zerofit.memory.estimate import TrainSetup, estimate_memory
 from zerofit.models.builtin import BUILTIN_CONFIGS
@@ -137,12 +138,18 @@ def run_case(model, model_name: str, sweep_case: Case) -> dict:
     """One row: the estimate and the replay of ``sweep_case`` for ``model`` (a ModelSpec). A
     setup the replay does not cover, or a model it cannot run, gives a row with ``skipped``."""
     setup = base_setup(**sweep_case.fields)
-    estimate = estimate_memory(model, setup)
     row = {
         "model": model_name,
         "case": sweep_case.name,
         "setup": summary(setup),
         "fields": sweep_case.fields,
+    }
+    try:
+        estimate = estimate_memory(model, setup)
+    except ZerofitError as err:  # a setup the stack refuses (peft: dropout on fused experts)
+        return dict(row, seconds=0.0, skipped=f"refused by the estimate: {err}")
+    row = {
+        **row,
         "estimate_gib": round(estimate.peak_bytes / GIB, 3),
         "estimate_phase": estimate.phase,
         "estimate_bytes": estimate.peak_bytes,
@@ -232,8 +239,10 @@ HEADER = (
 
 def format_row(row: dict) -> str:
     """One console line of ``row``."""
-    head = f"{row['model']:15} {row['setup']:80} {row['estimate_gib']:8.3f} "
-    head += f"{row['estimate_phase']:10}"
+    head = f"{row['model']:15} {row['setup']:80} "
+    if "estimate_gib" not in row:
+        return f"  {head} skipped: {row['skipped']}"
+    head += f"{row['estimate_gib']:8.3f} {row['estimate_phase']:10}"
     if "skipped" in row:
         return f"  {head} skipped: {row['skipped']}"
     mark = "!" if row["flagged"] else " "

@@ -432,7 +432,9 @@ def _adapter_autocast_casts(model, setup: TrainSetup, sizes: StepSizes) -> tuple
 
 
 def estimate_memory(model, setup: TrainSetup) -> MemoryEstimate:
-    """Predict the per-GPU peak and its breakdown for ``model`` trained as ``setup``."""
+    """Predict the per-GPU peak and its breakdown for ``model`` trained as ``setup``;
+    ZerofitError for a setup the training stack refuses (``lora.check_fused_expert_dropout``)."""
+    lora.check_fused_expert_dropout(model, setup)
     sizes = step_sizes(model, setup)
     compute = sizes.compute_bytes
     resident = _resident_bytes(model, setup, sizes)

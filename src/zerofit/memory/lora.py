@@ -183,6 +183,22 @@ def adapter_tensor_sizes(model, rank: int, targets: str) -> list[int]:
 
 
 # --- an MoE layer's fused experts -----------------------------------------------------------------
+def check_fused_expert_dropout(model, setup) -> None:
+    """peft refuses dropout on a fused expert parameter (``peft/tuners/lora/layer.py``:
+    ``ParamWrapper.__init__`` raises "does not work with lora_dropout != 0"): a LoRA run whose
+    adapters reach an MoE model's experts must set no dropout. ZerofitError naming
+    ``lora_dropout`` otherwise."""
+    if is_adapter(setup) and setup.lora_dropout > 0 and adapts_fused_experts(
+        model, setup.lora_targets
+    ):
+        raise ZerofitError(
+            "lora_dropout",
+            f"peft adapts {model.name}'s fused experts as parameters, which take no dropout "
+            f"(peft's ParamWrapper refuses {setup.lora_dropout})",
+            "use --lora-dropout 0, or name the attention's layers in --lora-targets",
+        )
+
+
 def adapts_fused_experts(model, targets: str) -> bool:
     """The adapters reach an MoE model's experts. transformers 5 keeps a layer's experts as two
     3D parameters (``Qwen3MoeExperts``: ``gate_up_proj`` E x 2I x H, ``down_proj`` E x H x I),
@@ -659,7 +675,21 @@ def adapter_layer_delta_per_token(
     if setup.lora_dropout > 0:
         delta += mask_bytes * sum(fan_in for fan_in, _ in targets.values())
     delta += zero3_base_input_per_token(model, setup, a, residual)
+    delta -= frozen_experts_saving_per_token(model, setup, a)
     return delta + copy * setup.lora_rank * len(targets)
+
+
+def frozen_experts_saving_per_token(model, setup, a: int) -> int:
+    """What an MoE layer's experts do not save when the adapters leave them frozen, beyond
+    ``activations.mlp_bytes_per_token``'s count for trained experts: per chosen expert, the
+    token's gathered input and the gated product, which only the experts' weight gradients
+    would read (transformers/integrations/moe.py ``grouped_mm_experts_forward``: the gate_up
+    output, the activation's output and the down output stay saved). 0 for a dense model or
+    adapted experts (``adapts_fused_experts``)."""
+    if not model.num_experts or adapts_fused_experts(model, setup.lora_targets):
+        return 0
+    inter = model.moe_intermediate_size or model.intermediate_size
+    return model.experts_per_token * a * (model.hidden_size + inter)
 
 
 # --- ZeRO-3's memory-efficient linear -------------------------------------------------------------

@@ -8,6 +8,7 @@ are a tie, and the reason says the chosen one leaves more memory to spare.
 
 from __future__ import annotations
 
+from zerofit.errors import ZerofitError
 from zerofit.hardware import CATALOG
 from zerofit.models.resolve import param_count_words
 from zerofit.planning.decision import Decision
@@ -450,8 +451,12 @@ def adapters_hint(full_plan) -> str | None:
 
     words = []
     for finetuning in ("lora", "qlora"):
-        adapter = plan(answers.replace(finetuning=finetuning))
         name = "LoRA" if finetuning == "lora" else "QLoRA"
+        try:
+            adapter = plan(answers.replace(finetuning=finetuning))
+        except ZerofitError as err:  # the stack refuses these answers' adapters on this model
+            words.append(f"{name} cannot run as asked ({err})")
+            continue
         words.append(f"{name} {_adapter_plan_words(adapter)}")
     why = "does not fit" if not full_plan.fits else "fits only with offload"
     return (
