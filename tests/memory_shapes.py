@@ -18,6 +18,20 @@ TINY_DECODER = dict(
 )
 
 
+# a 2-layer Llama config for the allocation replays, wide enough that the 512 B rounding of small
+# tensors stays far below the tests' 2-3 % tolerances
+TINY_REPLAY_LLAMA = dict(
+    model_type="llama",
+    hidden_size=256,
+    intermediate_size=768,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=4096,
+    tie_word_embeddings=True,
+)
+
+
 def _dense_spec(name: str, architecture: str, params: int, **shape) -> ModelSpec:
     """A dense model's ModelSpec: every parameter is active."""
     return ModelSpec(

@@ -10,6 +10,7 @@ import json
 
 import pytest
 from conftest import load_benchmark
+from memory_shapes import TINY_REPLAY_LLAMA
 
 from zerofit.memory.allocation_trace import replay_support
 from zerofit.models.builtin import BUILTIN_CONFIGS
@@ -17,17 +18,7 @@ from zerofit.models.resolve import resolve_model, spec_from_config
 
 BENCH = load_benchmark("estimate_vs_replay")
 
-# a 2-layer Llama, wide enough that the 512 B rounding of small tensors stays far below 2 %
-TINY_CONFIG = dict(
-    model_type="llama",
-    hidden_size=256,
-    intermediate_size=768,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    vocab_size=4096,
-    tie_word_embeddings=True,
-)
+TINY_CONFIG = TINY_REPLAY_LLAMA
 ROW_KEYS = {
     "model",
     "case",

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from memory_shapes import TINY_REPLAY_LLAMA
 
 from zerofit.memory import allocation_trace
 from zerofit.memory.allocation_trace import (
@@ -21,17 +22,7 @@ from zerofit.memory.allocation_trace import (
 from zerofit.memory.estimate import TrainSetup, estimate_memory
 from zerofit.models.resolve import spec_from_config
 
-# a 2-layer Llama, wide enough that the 512 B rounding of small tensors stays far below 3 %
-TINY_CONFIG = dict(
-    model_type="llama",
-    hidden_size=256,
-    intermediate_size=768,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    vocab_size=4096,
-    tie_word_embeddings=True,
-)
+TINY_CONFIG = TINY_REPLAY_LLAMA
 TINY = spec_from_config(TINY_CONFIG, "tiny-llama")
 
 
