@@ -19,6 +19,9 @@ from zerofit.memory.allocation_trace import (
     live_bytes_peak,
 )
 
+# fake-tensor recordings of whole runs: run_suite.py runs them beside the launches
+pytestmark = pytest.mark.replay
+
 BENCH = load_benchmark("allocation_trace")
 SHAPES = load_benchmark("model_shapes")
 

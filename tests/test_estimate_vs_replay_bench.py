@@ -16,6 +16,9 @@ from zerofit.memory.allocation_trace import replay_support
 from zerofit.models.builtin import BUILTIN_CONFIGS
 from zerofit.models.resolve import resolve_model, spec_from_config
 
+# fake-tensor recordings of whole runs: run_suite.py runs them beside the launches
+pytestmark = pytest.mark.replay
+
 BENCH = load_benchmark("estimate_vs_replay")
 
 TINY_CONFIG = TINY_REPLAY_LLAMA

@@ -22,6 +22,9 @@ from zerofit.memory.allocation_trace import (
 from zerofit.memory.estimate import TrainSetup, estimate_memory
 from zerofit.models.resolve import spec_from_config
 
+# fake-tensor recordings of whole runs: run_suite.py runs them beside the launches
+pytestmark = pytest.mark.replay
+
 TINY_CONFIG = TINY_REPLAY_LLAMA
 TINY = spec_from_config(TINY_CONFIG, "tiny-llama")
 

@@ -970,6 +970,7 @@ def _moe_setup(**changes) -> TrainSetup:
     return TrainSetup(**{**fields, **changes})
 
 
+@pytest.mark.replay
 def test_frozen_experts_save_no_inputs_as_the_replayed_run_does():
     """LoRA on the attention alone leaves an MoE layer's experts frozen: their gathered inputs
     and gated products are saved by nothing (transformers' grouped_mm experts), against the
@@ -1000,6 +1001,7 @@ def test_dropout_on_fused_experts_is_refused_as_peft_refuses_it():
     estimate_memory(spec, _moe_setup(lora_dropout=0.05, lora_targets="attention"))
 
 
+@pytest.mark.replay
 @pytest.mark.parametrize("checkpointing", [False, True])
 def test_fused_experts_keep_their_folded_weight_as_the_replayed_run_does(checkpointing):
     """peft folds the adapters into each layer's whole expert weights on every forward and the
