@@ -15,6 +15,7 @@ import pytest
 from zerofit.errors import ZerofitError
 from zerofit.memory import activations as act
 from zerofit.memory import lora
+from zerofit.memory.allocation_trace import peft_target_modules
 from zerofit.memory.estimate import TrainSetup, estimate_memory
 
 SHAPE = dict(
@@ -190,14 +191,6 @@ def _second_step_peak(model, ids) -> int:
     with fp32_kernels_for_emulated_bf16(), tracker:
         step()
     return tracker.peak
-
-
-def peft_target_modules(targets: str) -> str | list[str]:
-    """``--lora-targets`` as peft's ``target_modules`` takes it: "all-linear" as is, "attention"
-    as the attention projections, a comma list as a list."""
-    if targets == "attention":
-        return list(lora.ATTENTION_MODULES)
-    return targets if targets == "all-linear" else targets.split(",")
 
 
 def probe_setup(targets: str, dropout: float, input_grads: bool, **more) -> TrainSetup:

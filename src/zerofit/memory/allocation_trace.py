@@ -753,7 +753,6 @@ def build_model(config_json: str, setup):
     import torch
     from transformers import AutoModelForCausalLM
 
-
     config = _model_config(json.loads(config_json))
     if training_auto_class(config) is not AutoModelForCausalLM:
         raise KernelNotEmulated(f"{type(config).__name__} trains as no causal LM")

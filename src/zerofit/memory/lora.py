@@ -254,7 +254,8 @@ def fused_expert_gradient_bytes(model, setup, weight_bytes: int) -> int:
 
 
 def adapter_params(model, rank: int, targets: str) -> int:
-    """Trainable parameters: r x (in + out) per targeted module, every decoder layer."""
+    """Trainable parameters: r x (in + out) per targeted module, every decoder layer, and the
+    fused experts' adapters (``adapter_tensor_sizes``)."""
     return sum(adapter_tensor_sizes(model, rank, targets))
 
 
